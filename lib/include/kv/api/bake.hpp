@@ -1,0 +1,53 @@
+// kvbake: prefill each document on its own and store its KV cache as a packet of a cache file.
+//
+// Short documents are packed several to a forward pass with a block-diagonal attention mask
+// (each attends only to itself, each from position 0), so a batch of small documents bakes at
+// the speed of one long one, with no padding. Torch-free header: the tool includes only this.
+#pragma once
+
+#include "kv/cache_file.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+struct BakeProgress {
+    int64_t documents_done = 0;
+    int64_t documents_total = 0;
+    int64_t tokens_done = 0;
+    double seconds = 0;
+};
+
+struct BakeOptions {
+    std::filesystem::path model;
+    std::optional<std::filesystem::path> tokenizer;
+    std::vector<std::string> inputs;  ///< text files, "-" (stdin) or .jsonl files
+    std::filesystem::path output;     ///< "-": standard output
+    bool add_bos = true;              ///< start each packet with BOS when the tokenizer uses one
+    int64_t shard_index = 0;          ///< bake documents whose ordinal % shard_count == shard_index
+    int64_t shard_count = 1;
+    int64_t batch_tokens = 512;  ///< most tokens per forward pass when packing documents
+    int threads = 0;
+    std::string device = "auto";
+    std::string dtype = "auto";  ///< compute and storage dtype
+    bool use_mmap = false;
+    CacheWriteOptions write;
+    Provenance provenance;
+    std::function<void(const BakeProgress&)> progress;  ///< after every forward pass
+};
+
+struct BakeReport {
+    int64_t documents = 0;
+    int64_t tokens = 0;
+    double seconds = 0;  ///< tokenizing, prefilling and writing, without loading the model
+    double tokens_per_second = 0;
+};
+
+BakeReport bake(const BakeOptions& options);
+
+}  // namespace kv

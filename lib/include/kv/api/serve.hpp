@@ -1,0 +1,72 @@
+// kvserve-once: load a model, prefill a prompt, decode a continuation, report timings.
+//
+// Torch-free on purpose: the tool's main includes only this header.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kv::json {
+class Value;
+}
+
+namespace kv {
+
+struct ServeOptions {
+    std::filesystem::path model;
+    std::optional<std::filesystem::path>
+        tokenizer;  ///< default: the model folder's, or tokenizer.bin beside a llama2.c file
+    /// Baked caches packed in order: "FILE" (every packet, in file order), "FILE:ID" (one
+    /// packet), "-" (standard input).
+    std::vector<std::string> caches;
+    std::string prompt;
+    bool echo = false;    ///< emit the prompt text before the continuation
+    bool add_bos = true;  ///< start with BOS when the tokenizer has one and asks for it
+    int64_t max_new_tokens = 256;
+    bool ignore_eos = false;  ///< keep going past end-of-generation tokens
+    double temperature = 0.8;
+    double top_p = 0.95;
+    std::optional<uint64_t> seed;  ///< default: drawn from the system and reported in the stats
+    int threads = 0;               ///< 0: every core
+    std::string device = "auto";
+    std::string dtype = "auto";
+    bool use_mmap = false;
+    int64_t prefill_chunk = 512;
+};
+
+struct ServeStats {
+    int64_t prompt_tokens = 0;
+    int64_t generated_tokens = 0;
+    std::string stop_reason;  ///< "eos", "length" (max_new_tokens) or "context" (the model's limit)
+    double load_seconds = 0;
+    double prefill_seconds = 0;
+    int64_t cache_tokens = 0;          ///< tokens taken from --cache files
+    int64_t cache_bytes_read = 0;      ///< bytes of keys and values read from them
+    double cache_load_seconds = 0;     ///< reading them (included in time to first token)
+    int64_t total_context_tokens = 0;  ///< positions before generation: cached and prompt
+    /// From the start of context assembly (reading caches, realigning, prefilling the prompt) to
+    /// the first sampled token.
+    double time_to_first_token_seconds = 0;
+    double decode_seconds = 0;  ///< the tokens after the first
+    double prefill_tokens_per_second = 0;
+    double time_per_output_token_seconds = 0;
+    double decode_tokens_per_second = 0;
+    uint64_t seed = 0;
+    int threads = 0;
+    std::string device;
+    std::string dtype;
+};
+
+/// Runs one generation; `emit` receives printable text as it is produced (UTF-8 sequences are
+/// never split). Throws kv::Error subclasses for every failure.
+ServeStats serve_once(const ServeOptions& options,
+                      const std::function<void(std::string_view)>& emit);
+
+json::Value stats_to_json(const ServeStats& stats);
+
+}  // namespace kv

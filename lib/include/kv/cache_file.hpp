@@ -1,0 +1,153 @@
+// The kvtools cache file (formats/kvcache.md): an HDF5 file holding baked KV caches ("packets",
+// one per document) and, after kvpack, one assembled context, with the model's and tokenizer's
+// fingerprints, provenance and checksums.
+//
+// This module is torch-free: tensors cross it as raw little-endian bytes with an explicit dtype
+// and shape. Paths may be "-" for standard input/output (through HDF5 file images). Writes are
+// atomic: the file appears under its name complete or not at all. Reads are lazy: opening a
+// store reads its directory, and a packet's tensors are read only when asked for.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+/// Storage dtype of keys and values.
+enum class CacheDtype { f32, bf16, f16 };
+const char* cache_dtype_name(CacheDtype dtype);
+/// "f32", "bf16" or "f16"; throws FormatError otherwise.
+CacheDtype parse_cache_dtype(const std::string& name);
+std::size_t cache_dtype_size(CacheDtype dtype);
+
+/// What a cache was baked with. Two caches can be combined, and a cache can be decoded by a
+/// model, only when these agree (check_compatible says which field differs, naming both).
+struct CacheModelInfo {
+    std::string model_fingerprint;  ///< hex SHA-256 over the model's config and weight metadata
+    std::string model_name;         ///< for messages: the model path or name as given
+    std::string architecture;
+    int64_t num_layers = 0;
+    int64_t num_kv_heads = 0;
+    int64_t head_dim = 0;
+    std::string rope_layout;  ///< "half_split" or "interleaved"
+    double rope_theta = 0;
+    std::string rope_scaling;           ///< compact JSON of the scaling, "" when none
+    std::string tokenizer_fingerprint;  ///< hex SHA-256 (Tokenizer::fingerprint)
+    CacheDtype dtype = CacheDtype::f32;
+};
+
+/// Throws MismatchError "cache 'a.kvc' was baked with model X (fingerprint ab12..), not Y (cd34..)"
+/// when `found` cannot be used where `expected` is required. `what` names the file, quoted as
+/// CacheReader::source() gives it (an unquoted name is quoted). Compares the model fingerprint,
+/// the tokenizer fingerprint, then architecture, shapes, RoPE settings and dtype; the model name
+/// only appears in the message.
+void check_compatible(const CacheModelInfo& expected, const CacheModelInfo& found,
+                      const std::string& what);
+
+struct Provenance {
+    std::string tool;          ///< "kvbake"
+    std::string version;       ///< kvtools version
+    std::string command_line;  ///< as typed, arguments joined by spaces (quoted where needed)
+    std::string created;       ///< ISO 8601 UTC; empty to omit (reproducible output)
+};
+
+/// One document's cache.
+struct Packet {
+    std::string id;                  ///< any UTF-8 string (the JSONL id, or the file name)
+    std::string text_sha256;         ///< of the document text as given
+    std::vector<int32_t> token_ids;  ///< [stored_length]; -1 for adapter soft tokens
+    std::vector<int64_t>
+        positions;               ///< [stored_length], RoPE position of each key, < logical_length
+    int64_t logical_length = 0;  ///< tokens the packet spans (>= stored_length when compressed)
+    std::string adapter_fingerprint;  ///< "" when baked without adapters
+    int64_t header_tokens = 0;        ///< adapter soft tokens before the document
+    int64_t trailer_tokens = 0;       ///< and after
+    /// [num_layers, num_kv_heads, stored_length, head_dim] in the file's dtype, keys after RoPE.
+    std::vector<std::byte> keys;
+    std::vector<std::byte> values;
+
+    int64_t stored_length() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+/// Summary of a packet without its tensors.
+struct PacketInfo {
+    std::string id;
+    std::string text_sha256;
+    int64_t logical_length = 0;
+    int64_t stored_length = 0;
+    std::string adapter_fingerprint;
+    int64_t header_tokens = 0;
+    int64_t trailer_tokens = 0;
+};
+
+struct CacheWriteOptions {
+    int zstd_level = 3;          ///< 0: no compression
+    bool shuffle = true;         ///< byte shuffle before zstd (helps float data)
+    int64_t chunk_tokens = 256;  ///< tokens per chunk: the smallest unit read from disk
+    bool force = false;          ///< allow writing binary data to a terminal
+};
+
+/// Writes a new cache file packet by packet (memory holds one packet at a time).
+class CacheWriter {
+  public:
+    /// Starts writing to `path` ("-": standard output, refused when it is a terminal unless
+    /// force). Nothing appears under `path` until finish().
+    CacheWriter(const std::filesystem::path& path, const CacheModelInfo& model,
+                const Provenance& provenance, const CacheWriteOptions& options = {});
+    ~CacheWriter();  ///< without finish(): discards everything, leaves no file
+    CacheWriter(const CacheWriter&) = delete;
+    CacheWriter& operator=(const CacheWriter&) = delete;
+
+    /// Adds a packet; throws UsageError on a duplicate id, FormatError on inconsistent sizes.
+    void add(const Packet& packet);
+    /// Marks the file complete, flushes, and renames it into place (or writes it to stdout).
+    void finish();
+
+  private:
+    struct State;
+    std::unique_ptr<State> state_;
+};
+
+/// Reads a cache file; tensors are read only on request.
+class CacheReader {
+  public:
+    /// Opens `path` ("-": reads all of standard input into memory first). Validates the format
+    /// name, the version (an unknown major version or required feature is refused naming both
+    /// versions), the required attributes and the completeness mark; throws FormatError.
+    explicit CacheReader(const std::filesystem::path& path);
+    ~CacheReader();
+    CacheReader(const CacheReader&) = delete;
+    CacheReader& operator=(const CacheReader&) = delete;
+
+    const std::string& source() const;  ///< quoted name for messages
+    const std::string& format_version() const;
+    const CacheModelInfo& model() const;
+    const Provenance& provenance() const;
+    /// In file order (the order packets were added).
+    const std::vector<PacketInfo>& packets() const;
+    const PacketInfo& packet_info(const std::string& id) const;  ///< throws Error naming the id
+
+    /// Reads one packet with its tensors, verifying checksums and shapes.
+    Packet read(const std::string& id) const;
+
+  private:
+    struct State;
+    std::unique_ptr<State> state_;
+};
+
+/// Merges stores baked separately (shards of one kvbake run, say) into `output`: the packets of
+/// every input, inputs in the order given and packets in file order, tensors copied exactly.
+/// Throws MismatchError naming both files when two inputs differ in model information
+/// (check_compatible) or share a packet id; nothing is written then. At most one input may be
+/// "-"; `output` may be one of the inputs (it is replaced atomically at the end).
+void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
+                       const std::filesystem::path& output, const Provenance& provenance,
+                       const CacheWriteOptions& options = {});
+
+}  // namespace kv

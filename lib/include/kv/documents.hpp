@@ -1,0 +1,23 @@
+// Reading the documents kvbake bakes: plain text files (one document each), "-" (standard input,
+// one document), and JSONL files (one {"id": ..., "text": ...} object per line).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kv {
+
+struct Document {
+    std::string
+        id;  ///< JSONL "id" (a string or an integer), else the file name as given; "-" for stdin
+    std::string text;
+    std::string origin;  ///< where it came from, for messages: "'docs.jsonl' line 3"
+};
+
+/// Reads every input in order. A path ending in ".jsonl" is JSON Lines (blank lines skipped;
+/// "id" optional: it defaults to "<file>:<line>"); anything else is one document. Throws
+/// IoError for unreadable files and FormatError for a malformed line or a duplicate id, naming
+/// the file and line.
+std::vector<Document> read_documents(const std::vector<std::string>& inputs);
+
+}  // namespace kv

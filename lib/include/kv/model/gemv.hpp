@@ -1,0 +1,30 @@
+// Matrix-vector products for one-token decoding, where reading the weights is the whole cost.
+//
+// libtorch 1.13 streams f32 weights at ~30 GB/s through `mv` but bf16 weights at ~4 GB/s (it has
+// no bf16 matrix-vector kernel), which made bf16 decoding 8x slower than f32 despite half the
+// bytes. These kernels read bf16 or f32 rows with AVX512-BF16, AVX-512 or AVX2 (chosen at run
+// time, with a portable fallback), accumulate in f32, and split rows over libtorch's threads.
+#pragma once
+
+#include <cstdint>
+
+namespace kv {
+
+/// y[n] = sum_k weights[n][k] * x[k] for n < rows; weights row-major (bf16 as raw bits). With
+/// AVX512-BF16 the bf16 kernels round x to bf16 first, which is exact for bf16 activations.
+void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, int64_t columns);
+void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int64_t columns);
+
+/// Serial building blocks for kernels that parallelise at a coarser level (attention over heads):
+/// y[n] = dot(rows[n], x) for n < count, and out[d] += sum_n weights[n] * rows[n][d].
+void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count, int64_t columns);
+void dot_rows_f32(const float* rows, const float* x, float* y, int64_t count, int64_t columns);
+void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out, int64_t count,
+                          int64_t columns);
+void accumulate_rows_f32(const float* rows, const float* weights, float* out, int64_t count,
+                         int64_t columns);
+
+/// The instruction set the kernels use here: "avx512-bf16", "avx512", "avx2" or "portable".
+const char* gemv_isa();
+
+}  // namespace kv

@@ -1,0 +1,73 @@
+// The in-memory KV cache of one sequence: per layer, keys (after RoPE) and values laid out
+// [kv_heads, tokens, head_dim], and the position of every stored token.
+//
+// Positions are stored rather than implied, because a packed context realigns packets and a
+// compressed one has gaps: the next token's position (the logical length) may exceed the number
+// of stored tokens.
+#pragma once
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kv {
+
+class KvCache {
+  public:
+    KvCache(int64_t num_layers, int64_t kv_heads, int64_t head_dim, torch::ScalarType dtype,
+            torch::Device device, int64_t capacity = 256);
+
+    int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
+    int64_t kv_heads() const { return kv_heads_; }
+    int64_t head_dim() const { return head_dim_; }
+    torch::ScalarType dtype() const { return dtype_; }
+    torch::Device device() const { return device_; }
+
+    /// Tokens stored (committed).
+    int64_t length() const { return length_; }
+    /// The position the next token takes: one past the largest stored position.
+    int64_t next_position() const { return next_position_; }
+
+    /// Starts appending tokens at `positions` [T] (int64): every layer must then `write` T
+    /// tokens before `commit`. Until then keys()/values() include the pending tokens.
+    void begin_append(const torch::Tensor& positions);
+    /// Stores layer `layer`'s keys and values [kv_heads, T, head_dim] for the pending tokens.
+    void write(int64_t layer, const torch::Tensor& keys, const torch::Tensor& values);
+    void commit();
+    /// Drops pending tokens (after an error mid-forward).
+    void rollback();
+
+    /// [kv_heads, length (+ pending), head_dim] views of the stored keys and values.
+    torch::Tensor keys(int64_t layer) const;
+    torch::Tensor values(int64_t layer) const;
+    /// [length (+ pending)] int64 positions on the cache's device.
+    torch::Tensor positions() const;
+
+    /// Appends whole tokens with their keys and values for every layer (e.g. from a cache file);
+    /// keys_per_layer[l] is [kv_heads, T, head_dim].
+    void append(const std::vector<torch::Tensor>& keys_per_layer,
+                const std::vector<torch::Tensor>& values_per_layer, const torch::Tensor& positions);
+
+    void reserve(int64_t capacity);
+
+    /// Moves the logical length forward (never back): a compressed packet spans more positions
+    /// than it stores.
+    void advance_to(int64_t next_position);
+
+  private:
+    int64_t visible() const { return length_ + pending_; }
+
+    int64_t kv_heads_, head_dim_;
+    torch::ScalarType dtype_;
+    torch::Device device_;
+    std::vector<torch::Tensor> keys_, values_;  // [kv_heads, capacity, head_dim]
+    torch::Tensor positions_;                   // [capacity] int64
+    int64_t capacity_ = 0;
+    int64_t length_ = 0;
+    int64_t pending_ = 0;
+    int64_t next_position_ = 0;
+};
+
+}  // namespace kv

@@ -1,0 +1,66 @@
+// The numerical pieces of the decoder, as free functions over libtorch tensors, so that each is
+// tested on its own against a float64 reference (tests/unit/model/test_ops.cpp).
+#pragma once
+
+#include "kv/model/config.hpp"
+
+#include <torch/types.h>
+#include <torch/utils.h>
+
+#include <vector>
+
+namespace kv {
+
+/// y = x / sqrt(mean(x^2) + eps) * weight over the last dimension; the statistics are computed in
+/// float32 whatever x's dtype (as Hugging Face does), the result has x's dtype.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+/// x W^T (+ bias). One-row inputs on CPU (decoding) use kv's gemv kernels, which stream f32
+/// weights faster than libtorch's `mv` and bf16 weights ~10x faster than libtorch's bf16 path.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias = {});
+
+/// silu(gate) * up.
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+
+/// Inverse frequencies of RoPE (head_dim/2 values) with the configured scaling applied; computed
+/// in float32 as llama2.c and Hugging Face do, so that rotations agree with them bit for bit.
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config);
+
+/// Rotary position embedding for one model. Rotations compose: rotating an already rotated key
+/// at position p by delta gives the key at p + delta, which is how packed caches are realigned.
+class Rope {
+  public:
+    explicit Rope(const ModelConfig& config);
+
+    /// Rotates x [..., T, head_dim] by positions [T] (int64, any device); returns x's dtype.
+    torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& positions) const;
+
+    /// Rotates every token of x [..., T, head_dim] by the same offset.
+    torch::Tensor shift(const torch::Tensor& x, int64_t delta) const;
+
+    RopeLayout layout() const { return layout_; }
+    const std::vector<float>& inverse_frequencies() const { return inverse_frequencies_; }
+
+  private:
+    RopeLayout layout_;
+    std::vector<float> inverse_frequencies_;
+};
+
+/// Which keys each query may see. By default causal by position (key position <= query position),
+/// limited to the last `sliding_window` positions when that is positive; `allow` [T, S] (bool),
+/// when defined, is AND-ed on top (e.g. block-diagonal masks for packets computed together).
+struct AttentionMask {
+    torch::Tensor query_positions;  ///< [T] int64
+    torch::Tensor key_positions;    ///< [S] int64
+    int64_t sliding_window = 0;
+    torch::Tensor allow;  ///< optional [T, S] bool
+};
+
+/// Exact softmax attention with grouped-query heads: q [Hq, T, D], k and v [Hkv, S, D] with Hq a
+/// multiple of Hkv (query head h reads kv head h / (Hq/Hkv)). Scores and softmax in float32.
+/// Returns [Hq, T, D] in q's dtype. A query that may see no key gets zeros.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask, double scale);
+
+}  // namespace kv

@@ -1,0 +1,35 @@
+// Moving baked caches between files and the model: slicing a KvCache into a Packet's tensors,
+// and appending a Packet to a KvCache with its keys realigned to their place in the context.
+//
+// Realignment is a rotation: keys are stored after RoPE at the packet's own positions (from 0),
+// and R(p + delta) = R(delta) R(p), so rotating every key by delta places the packet at offset
+// delta without recomputing anything. Values carry no position and are copied as they are.
+#pragma once
+
+#include "kv/cache_file.hpp"
+#include "kv/model/kv_cache.hpp"
+#include "kv/model/ops.hpp"
+
+#include <torch/types.h>
+
+namespace kv {
+
+torch::ScalarType torch_dtype(CacheDtype dtype);
+CacheDtype cache_dtype(torch::ScalarType dtype);
+
+/// Copies tokens [begin, begin + count) of every layer into packet.keys/values, laid out
+/// [layers, kv_heads, count, head_dim] in `dtype`.
+void copy_cache_to_packet(const KvCache& cache, int64_t begin, int64_t count, CacheDtype dtype,
+                          Packet& packet);
+
+/// The packet's keys or values as a tensor [layers, kv_heads, stored_length, head_dim] viewing
+/// its bytes (no copy; valid while the packet lives).
+torch::Tensor packet_tensor(const Packet& packet, bool keys, int64_t num_layers, int64_t kv_heads,
+                            int64_t head_dim, CacheDtype dtype);
+
+/// Appends the packet after what `cache` holds: its positions shifted by cache.next_position(),
+/// keys rotated by the same offset, and the cache's logical length advanced by the packet's
+/// logical length (compressed packets keep their gaps).
+void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, CacheDtype dtype);
+
+}  // namespace kv

@@ -1,0 +1,33 @@
+// Picking the next token from logits: greedy at temperature 0, else temperature and nucleus
+// (top-p) sampling from a seeded generator, so that a run is reproducible from its seed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace kv {
+
+struct SamplerOptions {
+    double temperature = 0.8;  ///< 0: greedy (argmax, first index on ties)
+    double top_p = 0.95;       ///< keep the smallest set of tokens whose probability reaches top_p
+    uint64_t seed = 0;
+};
+
+class Sampler {
+  public:
+    explicit Sampler(const SamplerOptions& options);
+    int32_t sample(std::span<const float> logits);
+
+  private:
+    double next_uniform();  // [0, 1)
+
+    SamplerOptions options_;
+    uint64_t state_;
+    std::vector<std::pair<float, int32_t>> candidates_;
+};
+
+/// Index of the largest value, the first one on ties (as llama2.c's argmax).
+int32_t argmax(std::span<const float> values);
+
+}  // namespace kv

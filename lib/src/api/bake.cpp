@@ -1,0 +1,140 @@
+#include "kv/api/bake.hpp"
+
+#include "kv/documents.hpp"
+#include "kv/error.hpp"
+#include "kv/model/packets.hpp"
+#include "kv/runtime.hpp"
+#include "kv/sha256.hpp"
+#include "runtime.hpp"
+
+#include <chrono>
+
+namespace kv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Tokenized {
+    const Document* document;
+    std::vector<int32_t> ids;
+};
+
+// Bakes `batch` (documents whose tokens add up to at most batch_tokens, or one longer document)
+// and hands each packet to the writer, in input order.
+void bake_batch(const Model& model, const std::vector<Tokenized>& batch, CacheDtype dtype,
+                int64_t chunk, CacheWriter& writer) {
+    torch::NoGradGuard no_grad;
+    int64_t total = 0;
+    for (const Tokenized& item : batch)
+        total += static_cast<int64_t>(item.ids.size());
+    KvCache cache = model.new_cache(total);
+    if (batch.size() == 1) {
+        model.prefill(batch.front().ids, cache, chunk);
+    } else {
+        std::vector<int32_t> ids;
+        std::vector<int64_t> positions;
+        torch::Tensor allow = torch::zeros({total, total}, torch::kBool);
+        int64_t begin = 0;
+        for (const Tokenized& item : batch) {
+            const int64_t count = static_cast<int64_t>(item.ids.size());
+            ids.insert(ids.end(), item.ids.begin(), item.ids.end());
+            for (int64_t i = 0; i < count; ++i)
+                positions.push_back(i);
+            allow.narrow(0, begin, count).narrow(1, begin, count).fill_(true);
+            begin += count;
+        }
+        model.forward(model.embed(ids), torch::tensor(positions, torch::kInt64), cache, allow);
+    }
+    int64_t begin = 0;
+    for (const Tokenized& item : batch) {
+        const int64_t count = static_cast<int64_t>(item.ids.size());
+        Packet packet;
+        packet.id = item.document->id;
+        packet.text_sha256 = sha256_hex(item.document->text);
+        packet.token_ids = item.ids;
+        packet.positions.resize(static_cast<std::size_t>(count));
+        for (int64_t i = 0; i < count; ++i)
+            packet.positions[i] = i;
+        packet.logical_length = count;
+        copy_cache_to_packet(cache, begin, count, dtype, packet);
+        writer.add(packet);
+        begin += count;
+    }
+}
+
+}  // namespace
+
+BakeReport bake(const BakeOptions& options) {
+    if (options.shard_count < 1 || options.shard_index < 0 ||
+        options.shard_index >= options.shard_count)
+        throw UsageError("invalid shard " + std::to_string(options.shard_index) + "/" +
+                         std::to_string(options.shard_count) + " (expected I/N with 0 <= I < N)");
+    if (options.batch_tokens < 1) throw UsageError("batch tokens must be positive");
+    if (options.inputs.empty()) throw UsageError("no input documents");
+    set_compute_threads(options.threads);
+
+    // Read and check everything before the model loads: a bad input fails in a second.
+    const std::vector<Document> all_documents = read_documents(options.inputs);
+    std::vector<const Document*> documents;
+    for (std::size_t i = 0; i < all_documents.size(); ++i)
+        if (static_cast<int64_t>(i) % options.shard_count == options.shard_index)
+            documents.push_back(&all_documents[i]);
+
+    const Runtime runtime = load_runtime(
+        {options.model, options.tokenizer, options.dtype, options.device, options.use_mmap});
+    const Model& model = *runtime.model;
+    const Tokenizer& tokenizer = *runtime.tokenizer;
+    const int64_t context = model.config().max_position_embeddings;
+    const bool with_bos = options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
+
+    const auto start = Clock::now();
+    std::vector<Tokenized> tokenized;
+    for (const Document* document : documents) {
+        Tokenized item{document, {}};
+        if (with_bos) item.ids.push_back(tokenizer.bos_id());
+        for (int32_t id : tokenizer.encode(document->text))
+            item.ids.push_back(id);
+        if (item.ids.empty() || (with_bos && item.ids.size() == 1))
+            throw FormatError("document " + kv::quoted(document->id) + " (" + document->origin +
+                              ") is empty");
+        if (static_cast<int64_t>(item.ids.size()) > context)
+            throw MismatchError("document " + kv::quoted(document->id) + " is " +
+                                std::to_string(item.ids.size()) +
+                                " tokens, the model's context is " + std::to_string(context));
+        tokenized.push_back(std::move(item));
+    }
+
+    CacheWriter writer(options.output, runtime.cache_info, options.provenance, options.write);
+    BakeReport report;
+    BakeProgress progress;
+    progress.documents_total = static_cast<int64_t>(tokenized.size());
+    std::vector<Tokenized> batch;
+    int64_t batch_size = 0;
+    auto flush = [&] {
+        if (batch.empty()) return;
+        bake_batch(model, batch, runtime.cache_info.dtype, options.batch_tokens, writer);
+        progress.documents_done += static_cast<int64_t>(batch.size());
+        progress.tokens_done += batch_size;
+        progress.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        if (options.progress) options.progress(progress);
+        batch.clear();
+        batch_size = 0;
+    };
+    for (Tokenized& item : tokenized) {
+        const int64_t size = static_cast<int64_t>(item.ids.size());
+        if (batch_size + size > options.batch_tokens) flush();
+        batch_size += size;
+        batch.push_back(std::move(item));
+    }
+    flush();
+    writer.finish();
+
+    report.documents = progress.documents_done;
+    report.tokens = progress.tokens_done;
+    report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    report.tokens_per_second =
+        report.seconds > 0 ? static_cast<double>(report.tokens) / report.seconds : 0;
+    return report;
+}
+
+}  // namespace kv

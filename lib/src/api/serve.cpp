@@ -1,0 +1,195 @@
+#include "kv/api/serve.hpp"
+
+#include "kv/cache_file.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+#include "kv/model/model.hpp"
+#include "kv/model/packets.hpp"
+#include "kv/runtime.hpp"
+#include "kv/sampler.hpp"
+#include "kv/tokenizer.hpp"
+#include "runtime.hpp"
+
+#include <chrono>
+#include <random>
+
+namespace kv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::span<const float> as_span(const torch::Tensor& logits) {
+    return {logits.data_ptr<float>(), static_cast<std::size_t>(logits.numel())};
+}
+
+}  // namespace
+
+ServeStats serve_once(const ServeOptions& options,
+                      const std::function<void(std::string_view)>& emit) {
+    if (options.max_new_tokens < 0)
+        throw UsageError("the number of tokens to generate must be >= 0");
+    ServeStats stats;
+    stats.threads = set_compute_threads(options.threads);
+    stats.seed = options.seed ? *options.seed : std::random_device{}();
+    Sampler sampler({options.temperature, options.top_p, stats.seed});
+
+    const auto load_start = Clock::now();
+    const Runtime runtime = load_runtime(
+        {options.model, options.tokenizer, options.dtype, options.device, options.use_mmap});
+    const Model& model = *runtime.model;
+    const Tokenizer& tokenizer = *runtime.tokenizer;
+    stats.load_seconds = seconds_since(load_start);
+    stats.device = model.device().str();
+    stats.dtype = dtype_name(model.dtype());
+    const ModelConfig& config = model.config();
+    const int64_t context = config.max_position_embeddings;
+    const bool has_bos = options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
+    if (!options.caches.empty() && options.prompt.empty())
+        throw UsageError(
+            "with --cache the prompt must not be empty: a cache holds the keys and values of "
+            "its tokens, not the logits that follow them");
+
+    torch::NoGradGuard no_grad;
+    TextStreamer streamer(tokenizer);
+    KvCache cache = model.new_cache(256);
+    const auto prefill_start = Clock::now();
+
+    // Baked packets first, in order, each realigned to follow the previous one. A context that
+    // does not start with BOS gets it prefilled in front (the "preamble" of KV Packet).
+    for (const std::string& spec : options.caches) {
+        // FILE:ID names one packet, unless FILE:ID is itself an existing file.
+        std::string path = spec, only_id;
+        const std::size_t colon = spec.rfind(':');
+        if (spec != "-" && colon != std::string::npos && colon > 0 &&
+            !std::filesystem::exists(spec) && std::filesystem::exists(spec.substr(0, colon))) {
+            path = spec.substr(0, colon);
+            only_id = spec.substr(colon + 1);
+        }
+        auto read_start = Clock::now();
+        const CacheReader reader(path);
+        stats.cache_load_seconds += seconds_since(read_start);
+        CacheModelInfo expected = runtime.cache_info;
+        expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
+        check_compatible(expected, reader.model(), reader.source());
+        std::vector<PacketInfo> selected = reader.packets();
+        if (!only_id.empty()) selected = {reader.packet_info(only_id)};
+        for (const PacketInfo& info : selected) {
+            read_start = Clock::now();
+            const Packet packet = reader.read(info.id);
+            stats.cache_load_seconds += seconds_since(read_start);
+            stats.cache_bytes_read +=
+                static_cast<int64_t>(packet.keys.size() + packet.values.size());
+            const bool starts_with_bos =
+                !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
+            if (cache.length() == 0 && has_bos && !starts_with_bos) {
+                const int32_t bos = tokenizer.bos_id();
+                model.prefill(std::span<const int32_t>(&bos, 1), cache);
+                streamer.push(bos);
+            }
+            if (cache.next_position() + packet.logical_length >= context)
+                throw MismatchError("the cached context reaches " +
+                                    std::to_string(cache.next_position() + packet.logical_length) +
+                                    " tokens with packet " + kv::quoted(packet.id) +
+                                    ", the model's context is " + std::to_string(context));
+            cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
+            append_packet(model.rope(), cache, packet, reader.model().dtype);
+            // Adapter soft tokens (id -1) have no text.
+            for (int32_t id : packet.token_ids)
+                if (id >= 0 && id < tokenizer.vocab_size()) streamer.push(id);
+            stats.cache_tokens += packet.stored_length();
+        }
+    }
+
+    std::vector<int32_t> prompt;
+    if (cache.length() == 0 && has_bos) prompt.push_back(tokenizer.bos_id());
+    for (int32_t id : tokenizer.encode(options.prompt))
+        prompt.push_back(id);
+    if (prompt.empty())
+        throw UsageError("the prompt is empty and the tokenizer has no BOS token to start from");
+    stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+    if (cache.next_position() + stats.prompt_tokens >= context)
+        throw MismatchError(
+            "the prompt is " + std::to_string(stats.prompt_tokens) + " tokens" +
+            (cache.length() ? " after " + std::to_string(cache.next_position()) + " cached" : "") +
+            ", the model's context is " + std::to_string(context));
+
+    if (options.echo) emit(options.prompt);
+    cache.reserve(cache.length() + stats.prompt_tokens + options.max_new_tokens + 1);
+    // The streamer applies the leading-space rule after BOS; prompt text was emitted as typed.
+    for (int32_t id : prompt)
+        streamer.push(id);
+
+    const auto prompt_start = Clock::now();
+    torch::Tensor logits = model.prefill(prompt, cache, options.prefill_chunk);
+    stats.prefill_seconds = seconds_since(prompt_start);
+    stats.total_context_tokens = cache.next_position();
+    stats.stop_reason = "length";
+
+    Clock::time_point decode_start;
+    int32_t token_buffer[1];
+    while (stats.generated_tokens < options.max_new_tokens) {
+        const int32_t next = sampler.sample(as_span(logits));
+        if (stats.generated_tokens == 0) {
+            stats.time_to_first_token_seconds = seconds_since(prefill_start);
+            decode_start = Clock::now();
+        }
+        if (!options.ignore_eos && tokenizer.is_end_of_generation(next)) {
+            stats.stop_reason = "eos";
+            break;
+        }
+        ++stats.generated_tokens;
+        // Models may have more rows than the tokenizer has tokens (padding to a round size);
+        // such ids have no text.
+        const std::string text =
+            next < tokenizer.vocab_size() ? streamer.push(next) : std::string();
+        if (!text.empty()) emit(text);
+        if (stats.generated_tokens == options.max_new_tokens) break;
+        if (cache.next_position() >= context) {
+            stats.stop_reason = "context";
+            break;
+        }
+        token_buffer[0] = next;
+        logits = model.prefill(std::span<const int32_t>(token_buffer, 1), cache);
+    }
+    const std::string rest = streamer.finish();
+    if (!rest.empty()) emit(rest);
+    if (stats.generated_tokens > 1) {
+        stats.decode_seconds = seconds_since(decode_start);
+        stats.time_per_output_token_seconds =
+            stats.decode_seconds / static_cast<double>(stats.generated_tokens - 1);
+        stats.decode_tokens_per_second =
+            static_cast<double>(stats.generated_tokens - 1) / stats.decode_seconds;
+    }
+    if (stats.prefill_seconds > 0)
+        stats.prefill_tokens_per_second =
+            static_cast<double>(stats.prompt_tokens) / stats.prefill_seconds;
+    return stats;
+}
+
+json::Value stats_to_json(const ServeStats& stats) {
+    json::Value result = json::Value::object();
+    result.set("prompt_tokens", stats.prompt_tokens);
+    result.set("generated_tokens", stats.generated_tokens);
+    result.set("stop_reason", stats.stop_reason);
+    result.set("load_seconds", stats.load_seconds);
+    result.set("prefill_seconds", stats.prefill_seconds);
+    result.set("prefill_tokens_per_second", stats.prefill_tokens_per_second);
+    result.set("time_to_first_token_seconds", stats.time_to_first_token_seconds);
+    result.set("time_per_output_token_seconds", stats.time_per_output_token_seconds);
+    result.set("decode_tokens_per_second", stats.decode_tokens_per_second);
+    result.set("cache_tokens", stats.cache_tokens);
+    result.set("cache_bytes_read", stats.cache_bytes_read);
+    result.set("cache_load_seconds", stats.cache_load_seconds);
+    result.set("context_tokens", stats.total_context_tokens);
+    result.set("seed", stats.seed);
+    result.set("threads", stats.threads);
+    result.set("device", stats.device);
+    result.set("dtype", stats.dtype);
+    return result;
+}
+
+}  // namespace kv

@@ -1,0 +1,44 @@
+// A read-only HDF5 file driver that checks what HDF5 1.10 trusts blindly, internal to the
+// library.
+//
+// HDF5 1.10's global heap (where variable-length strings live) has no checksum, and its reader
+// follows object sizes and indexes without bounds checks: one flipped byte there crashes the
+// process or loops forever (fixed upstream only in later releases). This driver reads files or
+// in-memory images like the sec2 and core drivers, but refuses a global heap collection whose
+// objects do not fit it, so that HDF5 reports a read error instead. Heap ids stored in
+// contiguous string datasets are checked against their collections by check_heap_ids before
+// HDF5 follows them. Every function here must be called with the library's HDF5 lock held.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kv {
+
+/// Where the bytes of a file come from: a file descriptor, or a memory image (kept alive by the
+/// caller while the file is open).
+struct RawSource {
+    int fd = -1;
+    const std::byte* image = nullptr;
+    std::size_t size = 0;  ///< of the image, or of the file
+
+    /// Reads exactly `length` bytes at `offset`; false past the end or on error.
+    bool read(uint64_t offset, std::size_t length, void* buffer) const;
+};
+
+/// A file access property list that opens files (by name) or the image in `source` (when it has
+/// one) through the checking driver. The property list must be closed by the caller.
+hid_t make_checked_read_access(const RawSource& source);
+
+/// What the driver refused during the last failed HDF5 call, or "" (and forgets it).
+std::string take_read_driver_problem();
+
+/// Checks that every heap id of a contiguous dataset of `count` variable-length strings, stored
+/// at `offset` in `source`, names an object of its collection that holds the string's length.
+/// Returns "" or the problem.
+std::string check_heap_ids(const RawSource& source, uint64_t offset, std::size_t count);
+
+}  // namespace kv

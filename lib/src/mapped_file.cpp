@@ -1,0 +1,101 @@
+#include "kv/mapped_file.hpp"
+
+#include "kv/error.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+namespace kv {
+namespace {
+
+std::string system_reason() {
+    return std::strerror(errno);
+}
+
+class FileDescriptor {
+  public:
+    explicit FileDescriptor(int fd) : fd_(fd) {}
+    ~FileDescriptor() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    FileDescriptor(const FileDescriptor&) = delete;
+    FileDescriptor& operator=(const FileDescriptor&) = delete;
+    int get() const { return fd_; }
+    int release() { return std::exchange(fd_, -1); }
+
+  private:
+    int fd_;
+};
+
+}  // namespace
+
+std::shared_ptr<const MappedFile> MappedFile::open(const std::filesystem::path& path) {
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0)
+        throw IoError("cannot open " + quoted(path.string()) + ": " + system_reason());
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0)
+        throw IoError("cannot stat " + quoted(path.string()) + ": " + system_reason());
+    if (!S_ISREG(info.st_mode))
+        throw IoError("cannot map " + quoted(path.string()) + ": not a regular file");
+
+    std::shared_ptr<MappedFile> file(new MappedFile());
+    file->path_ = path;
+    file->size_ = static_cast<std::size_t>(info.st_size);
+    if (file->size_ == 0) return file;
+    void* address = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+    if (address == MAP_FAILED)
+        throw IoError("cannot map " + quoted(path.string()) + ": " + system_reason());
+    file->data_ = static_cast<const std::byte*>(address);
+    return file;
+}
+
+MappedFile::~MappedFile() {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+std::string read_file_text(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw IoError("cannot open " + quoted(path.string()) + ": " + system_reason());
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) throw IoError("cannot read " + quoted(path.string()) + ": " + system_reason());
+    return text;
+}
+
+void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
+    const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
+    std::random_device entropy;
+    const std::filesystem::path temporary =
+        directory / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
+                     std::to_string(entropy()));
+    FileDescriptor fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (fd.get() < 0)
+        throw IoError("cannot create " + quoted(temporary.string()) + ": " + system_reason());
+    auto fail = [&](const std::string& what) {
+        const std::string reason = system_reason();
+        ::unlink(temporary.c_str());
+        throw IoError("cannot " + what + " " + quoted(path.string()) + ": " + reason);
+    };
+    const auto* bytes = static_cast<const char*>(data);
+    std::size_t written = 0;
+    while (written < size) {
+        const ssize_t n = ::write(fd.get(), bytes + written, size - written);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            fail("write");
+        }
+        written += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0) fail("sync");
+    if (::close(fd.release()) != 0) fail("close");
+    if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename onto");
+}
+
+}  // namespace kv

@@ -1,0 +1,301 @@
+#include "kv/model/model.hpp"
+
+#include "kv/error.hpp"
+#include "kv/sha256.hpp"
+
+#include <torch/cuda.h>
+
+#include <cmath>
+
+namespace kv {
+namespace {
+
+std::string shape_text(at::IntArrayRef shape) {
+    std::string text = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i)
+        text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+// Takes a named weight out of the map, checks its shape, and places it on the device in the
+// compute dtype (a no-op, hence no copy, when it is already there).
+class WeightPlacer {
+  public:
+    WeightPlacer(WeightMap& weights, const std::string& source, torch::ScalarType dtype,
+                 torch::Device device, bool copy)
+        : weights_(weights), source_(source), dtype_(dtype), device_(device), copy_(copy) {}
+
+    torch::Tensor take(const std::string& name, std::vector<int64_t> shape) {
+        auto found = weights_.find(name);
+        if (found == weights_.end()) throw FormatError(source_ + ": missing tensor '" + name + "'");
+        torch::Tensor tensor = found->second;
+        weights_.erase(found);
+        if (tensor.sizes() != at::IntArrayRef(shape))
+            throw FormatError(source_ + ": tensor '" + name + "' has shape " +
+                              shape_text(tensor.sizes()) + ", the config needs " +
+                              shape_text(shape));
+        torch::Tensor placed = tensor.to(device_, dtype_);
+        // A no-op conversion still views the mapped file; copy when asked to.
+        if (copy_ && placed.data_ptr() == tensor.data_ptr()) placed = placed.clone();
+        return placed;
+    }
+
+    torch::Tensor take_if_present(const std::string& name, std::vector<int64_t> shape) {
+        return weights_.count(name) ? take(name, std::move(shape)) : torch::Tensor();
+    }
+
+  private:
+    WeightMap& weights_;
+    const std::string& source_;
+    torch::ScalarType dtype_;
+    torch::Device device_;
+    bool copy_;
+};
+
+}  // namespace
+
+torch::Device resolve_device(const std::string& name) {
+    if (name == "auto")
+        return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0)
+                                           : torch::Device(torch::kCPU);
+    if (name == "cpu") return torch::kCPU;
+    if (name == "cuda" || name.rfind("cuda:", 0) == 0) {
+        if (!torch::cuda::is_available())
+            throw UnsupportedError(
+                "device '" + name +
+                "' is not available: this build of libtorch or this machine has no CUDA");
+        int index = 0;
+        if (name.size() > 5) {
+            try {
+                std::size_t used = 0;
+                index = std::stoi(name.substr(5), &used);
+                if (used != name.size() - 5 || index < 0) throw std::invalid_argument(name);
+            } catch (const std::exception&) {
+                throw UsageError("invalid device '" + name + "' (expected cpu, cuda or cuda:N)");
+            }
+        }
+        if (index >= static_cast<int>(torch::cuda::device_count()))
+            throw UnsupportedError("device '" + name + "' is not available: " +
+                                   std::to_string(torch::cuda::device_count()) + " CUDA device(s)");
+        return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+    }
+    throw UsageError("invalid device '" + name + "' (expected auto, cpu, cuda or cuda:N)");
+}
+
+torch::ScalarType resolve_dtype(const std::string& name, const std::string& stored,
+                                torch::Device device) {
+    std::string chosen = name == "auto" ? stored : name;
+    if (chosen == "f32") return torch::kFloat32;
+    if (chosen == "bf16") return torch::kBFloat16;
+    if (chosen == "f16") {
+        if (device.is_cpu()) {
+            // libtorch's CPU kernels lack half-precision matrix products; f16 weights are
+            // computed in f32 there unless the user insists.
+            if (name == "auto") return torch::kFloat32;
+            throw UnsupportedError(
+                "dtype 'f16' needs a CUDA device; on CPU use --dtype bf16 or f32");
+        }
+        return torch::kFloat16;
+    }
+    throw UsageError("invalid dtype '" + name + "' (expected f32, bf16 or f16)");
+}
+
+std::string dtype_name(torch::ScalarType dtype) {
+    switch (dtype) {
+        case torch::kFloat32:
+            return "f32";
+        case torch::kBFloat16:
+            return "bf16";
+        case torch::kFloat16:
+            return "f16";
+        default:
+            return std::string(c10::toString(dtype));
+    }
+}
+
+std::string fingerprint_weights(const LoadedWeights& loaded) {
+    const ModelConfig& c = loaded.config;
+    Sha256 hash;
+    // Everything that changes what the model computes from a token; the RoPE layout is part of it,
+    // so the same weights as llama2.c (interleaved) and permuted for HF differ, as they must.
+    const std::string description =
+        "kvtools-model-fingerprint-v1\n" + c.architecture + "\nvocab " +
+        std::to_string(c.vocab_size) + "\nhidden " + std::to_string(c.hidden_size) +
+        "\nintermediate " + std::to_string(c.intermediate_size) + "\nlayers " +
+        std::to_string(c.num_layers) + "\nheads " + std::to_string(c.num_heads) + "\nkv_heads " +
+        std::to_string(c.num_kv_heads) + "\nhead_dim " + std::to_string(c.head_dim) + "\nrope " +
+        (c.rope_layout == RopeLayout::interleaved ? "interleaved" : "half_split") + " theta " +
+        std::to_string(c.rope_theta) + " scaling " +
+        std::to_string(static_cast<int>(c.rope_scaling.type)) + " " +
+        std::to_string(c.rope_scaling.factor) + " " +
+        std::to_string(c.rope_scaling.low_freq_factor) + " " +
+        std::to_string(c.rope_scaling.high_freq_factor) + " " +
+        std::to_string(c.rope_scaling.original_max_position_embeddings) + "\nbias " +
+        std::to_string(c.attention_bias) + " qk_norm " + std::to_string(c.qk_norm) + " tied " +
+        std::to_string(c.tie_word_embeddings) + " window " + std::to_string(c.sliding_window) +
+        " eps " + std::to_string(c.rms_norm_eps) + "\n";
+    hash.update(description);
+    constexpr std::size_t sample_bytes = 64 * 1024;
+    for (const auto& [name, tensor] : loaded.weights) {  // std::map: sorted, so order-independent
+        std::string line = name + " " + std::string(c10::toString(tensor.scalar_type())) + " " +
+                           shape_text(tensor.sizes()) + "\n";
+        hash.update(line);
+        const torch::Tensor contiguous = tensor.contiguous();
+        hash.update(contiguous.data_ptr(),
+                    std::min<std::size_t>(contiguous.nbytes(), sample_bytes));
+    }
+    return hash.hex();
+}
+
+LoadedWeights load_weights(const std::filesystem::path& path) {
+    std::error_code error;
+    const auto status = std::filesystem::status(path, error);
+    if (error || !std::filesystem::exists(status))
+        throw IoError("cannot open model " + quoted(path.string()) + ": No such file or directory");
+    if (std::filesystem::is_directory(status)) return load_hf_folder(path);
+    return load_llama2c_checkpoint(path);
+}
+
+std::shared_ptr<Model> Model::load(const ModelLoadOptions& options) {
+    LoadedWeights loaded = load_weights(options.path);
+    const torch::Device device = resolve_device(options.device);
+    const torch::ScalarType dtype =
+        resolve_dtype(options.dtype, loaded.config.weights_dtype, device);
+    return from_weights(std::move(loaded), dtype, device, !options.use_mmap);
+}
+
+std::shared_ptr<Model> Model::from_weights(LoadedWeights loaded, torch::ScalarType dtype,
+                                           torch::Device device, bool copy_weights) {
+    const ModelConfig& c = loaded.config;
+    validate_config(c, loaded.source);
+    std::shared_ptr<Model> model(new Model(c));
+    model->fingerprint_ = fingerprint_weights(loaded);
+    model->dtype_ = dtype;
+    model->device_ = device;
+    model->source_ = loaded.source;
+    WeightPlacer place(loaded.weights, loaded.source, dtype, device, copy_weights);
+
+    const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim, kv_dim = c.kv_dim();
+    model->embed_tokens_ = place.take("model.embed_tokens.weight", {c.vocab_size, hidden});
+    model->final_norm_ = place.take("model.norm.weight", {hidden});
+    model->lm_head_ = c.tie_word_embeddings ? model->embed_tokens_
+                                            : place.take("lm_head.weight", {c.vocab_size, hidden});
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+        const std::string prefix = "model.layers." + std::to_string(i) + ".";
+        Layer layer;
+        layer.attention_norm = place.take(prefix + "input_layernorm.weight", {hidden});
+        layer.q_proj = place.take(prefix + "self_attn.q_proj.weight", {q_dim, hidden});
+        layer.k_proj = place.take(prefix + "self_attn.k_proj.weight", {kv_dim, hidden});
+        layer.v_proj = place.take(prefix + "self_attn.v_proj.weight", {kv_dim, hidden});
+        layer.o_proj = place.take(prefix + "self_attn.o_proj.weight", {hidden, q_dim});
+        if (c.attention_bias) {
+            layer.q_bias = place.take(prefix + "self_attn.q_proj.bias", {q_dim});
+            layer.k_bias = place.take(prefix + "self_attn.k_proj.bias", {kv_dim});
+            layer.v_bias = place.take(prefix + "self_attn.v_proj.bias", {kv_dim});
+        }
+        if (c.qk_norm) {
+            layer.q_norm = place.take(prefix + "self_attn.q_norm.weight", {c.head_dim});
+            layer.k_norm = place.take(prefix + "self_attn.k_norm.weight", {c.head_dim});
+        }
+        layer.mlp_norm = place.take(prefix + "post_attention_layernorm.weight", {hidden});
+        layer.gate_proj =
+            place.take(prefix + "mlp.gate_proj.weight", {c.intermediate_size, hidden});
+        layer.up_proj = place.take(prefix + "mlp.up_proj.weight", {c.intermediate_size, hidden});
+        layer.down_proj =
+            place.take(prefix + "mlp.down_proj.weight", {hidden, c.intermediate_size});
+        model->layers_.push_back(std::move(layer));
+    }
+    return model;
+}
+
+KvCache Model::new_cache(int64_t capacity) const {
+    return KvCache(config_.num_layers, config_.num_kv_heads, config_.head_dim, dtype_, device_,
+                   capacity);
+}
+
+torch::Tensor Model::embed(std::span<const int32_t> tokens) const {
+    for (int32_t token : tokens)
+        if (token < 0 || token >= config_.vocab_size)
+            throw Error("token id " + std::to_string(token) + " is outside the vocabulary of " +
+                        std::to_string(config_.vocab_size));
+    const torch::Tensor ids = torch::from_blob(const_cast<int32_t*>(tokens.data()),
+                                               {static_cast<int64_t>(tokens.size())}, torch::kInt32)
+                                  .to(device_, torch::kInt64);
+    return embed_tokens_.index_select(0, ids);
+}
+
+torch::Tensor Model::attention_block(const Layer& layer, int64_t index, const torch::Tensor& x,
+                                     const torch::Tensor& positions, KvCache& cache,
+                                     const torch::Tensor& allow) const {
+    const int64_t tokens = x.size(0), head_dim = config_.head_dim;
+    // [T, H*D] -> [H, T, D]
+    auto heads = [&](const torch::Tensor& projected, int64_t count) {
+        return projected.view({tokens, count, head_dim}).transpose(0, 1);
+    };
+    torch::Tensor q = heads(kv::linear(x, layer.q_proj, layer.q_bias), config_.num_heads);
+    torch::Tensor k = heads(kv::linear(x, layer.k_proj, layer.k_bias), config_.num_kv_heads);
+    torch::Tensor v = heads(kv::linear(x, layer.v_proj, layer.v_bias), config_.num_kv_heads);
+    if (config_.qk_norm) {
+        q = rms_norm(q, layer.q_norm, config_.rms_norm_eps);
+        k = rms_norm(k, layer.k_norm, config_.rms_norm_eps);
+    }
+    q = rope_.apply(q, positions);
+    k = rope_.apply(k, positions);
+    cache.write(index, k, v);
+
+    AttentionMask mask{positions, cache.positions(), config_.sliding_window, allow};
+    const torch::Tensor attended = attention(q, cache.keys(index), cache.values(index), mask,
+                                             1.0 / std::sqrt(static_cast<double>(head_dim)));
+    return kv::linear(attended.transpose(0, 1).reshape({tokens, config_.num_heads * head_dim}),
+                      layer.o_proj);
+}
+
+torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
+                             KvCache& cache, const torch::Tensor& allow) const {
+    if (embeddings.dim() != 2 || embeddings.size(1) != config_.hidden_size)
+        throw Error("forward: embeddings must be [tokens, " + std::to_string(config_.hidden_size) +
+                    "]");
+    const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
+    cache.begin_append(positions_here);
+    try {
+        torch::Tensor x = embeddings.to(dtype_);
+        for (std::size_t i = 0; i < layers_.size(); ++i) {
+            const Layer& layer = layers_[i];
+            x = x + attention_block(layer, static_cast<int64_t>(i),
+                                    rms_norm(x, layer.attention_norm, config_.rms_norm_eps),
+                                    positions_here, cache, allow);
+            const torch::Tensor normed = rms_norm(x, layer.mlp_norm, config_.rms_norm_eps);
+            x = x + kv::linear(swiglu(kv::linear(normed, layer.gate_proj),
+                                      kv::linear(normed, layer.up_proj)),
+                               layer.down_proj);
+        }
+        cache.commit();
+        return rms_norm(x, final_norm_, config_.rms_norm_eps);
+    } catch (...) {
+        cache.rollback();
+        throw;
+    }
+}
+
+torch::Tensor Model::logits(const torch::Tensor& hidden) const {
+    return kv::linear(hidden, lm_head_).to(torch::kFloat32);
+}
+
+torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk) const {
+    if (tokens.empty()) throw Error("prefill: no tokens");
+    if (chunk <= 0) throw UsageError("prefill chunk must be positive");
+    torch::NoGradGuard no_grad;
+    torch::Tensor last_hidden;
+    for (std::size_t begin = 0; begin < tokens.size(); begin += static_cast<std::size_t>(chunk)) {
+        const std::size_t count = std::min(tokens.size() - begin, static_cast<std::size_t>(chunk));
+        const int64_t first_position = cache.next_position();
+        const torch::Tensor positions =
+            torch::arange(first_position, first_position + static_cast<int64_t>(count),
+                          torch::TensorOptions().dtype(torch::kInt64));
+        const torch::Tensor hidden = forward(embed(tokens.subspan(begin, count)), positions, cache);
+        last_hidden = hidden.narrow(0, hidden.size(0) - 1, 1);
+    }
+    return logits(last_hidden).select(0, 0).to(torch::kCPU);
+}
+
+}  // namespace kv

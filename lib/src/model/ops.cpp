@@ -1,0 +1,255 @@
+#include "kv/model/ops.hpp"
+
+#include "kv/error.hpp"
+#include "kv/model/gemv.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+
+namespace kv {
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+    const torch::Tensor x32 = x.to(torch::kFloat32);
+    const torch::Tensor inverse_rms = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    return (x32 * inverse_rms).to(x.scalar_type()) * weight;
+}
+
+namespace {
+
+// One-token decoding on CPU goes through kv's own matrix-vector kernels (see gemv.hpp); they are
+// not differentiable, so anything autograd must see takes libtorch's path.
+bool use_gemv_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
+    if (x.dim() != 2 || x.size(0) != 1 || !x.device().is_cpu() || !weight.device().is_cpu())
+        return false;
+    if (!weight.is_contiguous() || weight.dim() != 2) return false;
+    if (weight.scalar_type() != torch::kFloat32 && weight.scalar_type() != torch::kBFloat16)
+        return false;
+    return !at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad());
+}
+
+}  // namespace
+
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
+    torch::Tensor y;
+    if (use_gemv_kernel(x, weight)) {
+        const torch::Tensor input = x.to(torch::kFloat32).contiguous();
+        torch::Tensor output = torch::empty({1, weight.size(0)}, torch::kFloat32);
+        if (weight.scalar_type() == torch::kBFloat16)
+            gemv_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr()), input.data_ptr<float>(),
+                      output.data_ptr<float>(), weight.size(0), weight.size(1));
+        else
+            gemv_f32(weight.data_ptr<float>(), input.data_ptr<float>(), output.data_ptr<float>(),
+                     weight.size(0), weight.size(1));
+        y = output.to(x.scalar_type());
+    } else if (x.dim() == 2 && x.size(0) == 1) {
+        y = torch::mv(weight, x.select(0, 0)).unsqueeze(0);
+    } else {
+        y = torch::matmul(x, weight.t());
+    }
+    if (bias.defined()) y.add_(bias);
+    return y;
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+    return torch::silu(gate).mul_(up);
+}
+
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config) {
+    const int64_t half = config.head_dim / 2;
+    std::vector<float> frequencies(static_cast<std::size_t>(half));
+    const float theta = static_cast<float>(config.rope_theta);
+    for (int64_t i = 0; i < half; ++i)
+        frequencies[i] =
+            1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(config.head_dim));
+
+    const RopeScaling& scaling = config.rope_scaling;
+    if (scaling.type == RopeScalingType::linear) {
+        for (float& f : frequencies)
+            f = static_cast<float>(f / scaling.factor);
+    } else if (scaling.type == RopeScalingType::llama3) {
+        // Long wavelengths are slowed down by `factor`, short ones kept, the band between
+        // interpolated smoothly (Meta's Llama 3.1 reference and transformers agree on this).
+        const double old_context = static_cast<double>(scaling.original_max_position_embeddings);
+        const double low_freq_wavelength = old_context / scaling.low_freq_factor;
+        const double high_freq_wavelength = old_context / scaling.high_freq_factor;
+        for (float& f : frequencies) {
+            const double wavelength = 2.0 * std::numbers::pi / f;
+            double scaled = f;
+            if (wavelength > low_freq_wavelength) {
+                scaled = f / scaling.factor;
+            } else if (wavelength >= high_freq_wavelength) {
+                const double smooth = (old_context / wavelength - scaling.low_freq_factor) /
+                                      (scaling.high_freq_factor - scaling.low_freq_factor);
+                scaled = (1.0 - smooth) * f / scaling.factor + smooth * f;
+            }
+            f = static_cast<float>(scaled);
+        }
+    }
+    return frequencies;
+}
+
+Rope::Rope(const ModelConfig& config)
+    : layout_(config.rope_layout), inverse_frequencies_(rope_inverse_frequencies(config)) {}
+
+torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions) const {
+    const int64_t half = static_cast<int64_t>(inverse_frequencies_.size());
+    if (x.size(-1) != 2 * half)
+        throw Error("rope: head dimension " + std::to_string(x.size(-1)) + " does not match " +
+                    std::to_string(2 * half));
+    const torch::Tensor positions_cpu = positions.to(torch::kCPU, torch::kInt64).contiguous();
+    const int64_t count = positions_cpu.numel();
+    if (x.size(-2) != count) throw Error("rope: positions do not match the token count");
+
+    // The angle table is built on the host with float arithmetic (angle = position * frequency,
+    // then cosf/sinf), exactly as llama2.c's run.c does, so greedy decoding matches it.
+    torch::Tensor cos_table = torch::empty({count, half}, torch::kFloat32);
+    torch::Tensor sin_table = torch::empty({count, half}, torch::kFloat32);
+    const int64_t* position = positions_cpu.data_ptr<int64_t>();
+    float* cos_out = cos_table.data_ptr<float>();
+    float* sin_out = sin_table.data_ptr<float>();
+    for (int64_t t = 0; t < count; ++t)
+        for (int64_t i = 0; i < half; ++i) {
+            const float angle = static_cast<float>(position[t]) * inverse_frequencies_[i];
+            cos_out[t * half + i] = cosf(angle);
+            sin_out[t * half + i] = sinf(angle);
+        }
+    cos_table = cos_table.to(x.device());
+    sin_table = sin_table.to(x.device());
+
+    const torch::Tensor x32 = x.to(torch::kFloat32);
+    torch::Tensor rotated;
+    if (layout_ == RopeLayout::half_split) {
+        const torch::Tensor first = x32.narrow(-1, 0, half);
+        const torch::Tensor second = x32.narrow(-1, half, half);
+        rotated = torch::cat(
+            {first * cos_table - second * sin_table, second * cos_table + first * sin_table}, -1);
+    } else {
+        const torch::Tensor pairs = x32.unflatten(-1, {half, 2});
+        const torch::Tensor real = pairs.select(-1, 0);
+        const torch::Tensor imaginary = pairs.select(-1, 1);
+        rotated = torch::stack({real * cos_table - imaginary * sin_table,
+                                real * sin_table + imaginary * cos_table},
+                               -1)
+                      .flatten(-2);
+    }
+    return rotated.to(x.scalar_type());
+}
+
+torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
+    return apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
+}
+
+namespace {
+
+// One query token per head on CPU, every stored key visible: the decoding step. libtorch 1.13's
+// bf16 bmm/softmax/transpose paths cost milliseconds per call at these sizes (measured: 1.2 s per
+// token on a 1B model), so the scores and the weighted sum read the cache rows directly, in its
+// dtype, with the gemv row kernels, one kv head (and its query group) per task.
+bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const AttentionMask& mask) {
+    if (q.size(1) != 1 || mask.sliding_window > 0 || mask.allow.defined()) return false;
+    if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
+    if (k.scalar_type() != v.scalar_type()) return false;
+    if (k.scalar_type() != torch::kFloat32 && k.scalar_type() != torch::kBFloat16) return false;
+    // Rows of one head must be contiguous: [Hkv, S, D] views of a [Hkv, capacity, D] buffer.
+    const int64_t head_dim = k.size(2);
+    if (k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != head_dim || v.stride(1) != head_dim)
+        return false;
+    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return false;
+    // Every key must be visible: none stored at a later position than the query.
+    return mask.key_positions.max().item<int64_t>() <= mask.query_positions.max().item<int64_t>();
+}
+
+torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, double scale) {
+    const int64_t query_heads = q.size(0), head_dim = q.size(2);
+    const int64_t kv_heads = k.size(0), keys = k.size(1);
+    const int64_t group = query_heads / kv_heads;
+    const torch::Tensor queries = q.to(torch::kFloat32).contiguous();  // [Hq, 1, D]
+    torch::Tensor output = torch::zeros({query_heads, 1, head_dim}, torch::kFloat32);
+    const bool bf16 = k.scalar_type() == torch::kBFloat16;
+    const std::size_t element = bf16 ? 2 : 4;
+    const auto* key_base = static_cast<const std::byte*>(k.data_ptr());
+    const auto* value_base = static_cast<const std::byte*>(v.data_ptr());
+    const float* query_data = queries.data_ptr<float>();
+    float* output_data = output.data_ptr<float>();
+    at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores(static_cast<std::size_t>(keys));
+        for (int64_t head = begin; head < end; ++head) {
+            const std::byte* key_rows = key_base + head * k.stride(0) * element;
+            const std::byte* value_rows = value_base + head * v.stride(0) * element;
+            for (int64_t member = 0; member < group; ++member) {
+                const int64_t query_head = head * group + member;
+                const float* query = query_data + query_head * head_dim;
+                if (bf16)
+                    dot_rows_bf16(reinterpret_cast<const uint16_t*>(key_rows), query, scores.data(),
+                                  keys, head_dim);
+                else
+                    dot_rows_f32(reinterpret_cast<const float*>(key_rows), query, scores.data(),
+                                 keys, head_dim);
+                float best = -std::numeric_limits<float>::infinity();
+                for (float& score : scores)
+                    best = std::max(best, score *= static_cast<float>(scale));
+                double total = 0;
+                for (float& score : scores)
+                    total += (score = std::exp(score - best));
+                const float inverse = static_cast<float>(1.0 / total);
+                for (float& score : scores)
+                    score *= inverse;
+                float* out = output_data + query_head * head_dim;
+                if (bf16)
+                    accumulate_rows_bf16(reinterpret_cast<const uint16_t*>(value_rows),
+                                         scores.data(), out, keys, head_dim);
+                else
+                    accumulate_rows_f32(reinterpret_cast<const float*>(value_rows), scores.data(),
+                                        out, keys, head_dim);
+            }
+        }
+    });
+    return output.to(q.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask, double scale) {
+    if (k.size(1) > 0 && use_decode_kernel(q, k, v, mask)) return attention_decode(q, k, v, scale);
+    const int64_t query_heads = q.size(0), tokens = q.size(1), head_dim = q.size(2);
+    const int64_t kv_heads = k.size(0), keys = k.size(1);
+    if (query_heads % kv_heads != 0)
+        throw Error("attention: query heads are not a multiple of kv heads");
+    const int64_t group = query_heads / kv_heads;
+
+    // [Hkv, group*T, D] x [Hkv, D, S]: one batched product per kv head serves its whole group.
+    const torch::Tensor grouped_q = q.reshape({kv_heads, group * tokens, head_dim});
+    torch::Tensor scores = torch::bmm(grouped_q, k.transpose(1, 2)).to(torch::kFloat32).mul_(scale);
+    scores = scores.view({kv_heads, group, tokens, keys});
+
+    const bool needs_causal_mask = tokens > 1 || mask.sliding_window > 0;
+    torch::Tensor allowed;
+    if (needs_causal_mask) {
+        const torch::Tensor query_positions = mask.query_positions.to(q.device()).view({tokens, 1});
+        const torch::Tensor key_positions = mask.key_positions.to(q.device()).view({1, keys});
+        allowed = key_positions <= query_positions;
+        if (mask.sliding_window > 0)
+            allowed = allowed & (key_positions > query_positions - mask.sliding_window);
+    }
+    if (mask.allow.defined())
+        allowed =
+            allowed.defined() ? allowed & mask.allow.to(q.device()) : mask.allow.to(q.device());
+    if (allowed.defined())
+        scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+
+    torch::Tensor probabilities = torch::softmax(scores, -1);
+    // A row with no visible key is all -inf and softmaxes to NaN; it attends to nothing instead.
+    if (allowed.defined()) probabilities = probabilities.masked_fill(allowed.logical_not(), 0.0);
+    probabilities = probabilities.view({kv_heads, group * tokens, keys}).to(v.scalar_type());
+    return torch::bmm(probabilities, v).view({query_heads, tokens, head_dim});
+}
+
+}  // namespace kv

@@ -1,0 +1,85 @@
+#include "kv/model/packets.hpp"
+
+#include "kv/error.hpp"
+
+namespace kv {
+
+torch::ScalarType torch_dtype(CacheDtype dtype) {
+    switch (dtype) {
+        case CacheDtype::f32:
+            return torch::kFloat32;
+        case CacheDtype::bf16:
+            return torch::kBFloat16;
+        case CacheDtype::f16:
+            return torch::kFloat16;
+    }
+    return torch::kFloat32;
+}
+
+CacheDtype cache_dtype(torch::ScalarType dtype) {
+    if (dtype == torch::kBFloat16) return CacheDtype::bf16;
+    if (dtype == torch::kFloat16) return CacheDtype::f16;
+    if (dtype == torch::kFloat32) return CacheDtype::f32;
+    throw UnsupportedError(std::string("no cache dtype for ") + c10::toString(dtype));
+}
+
+void copy_cache_to_packet(const KvCache& cache, int64_t begin, int64_t count, CacheDtype dtype,
+                          Packet& packet) {
+    std::vector<torch::Tensor> keys, values;
+    for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+        keys.push_back(cache.keys(layer).narrow(1, begin, count));
+        values.push_back(cache.values(layer).narrow(1, begin, count));
+    }
+    auto to_bytes = [&](const std::vector<torch::Tensor>& layers, std::vector<std::byte>& out) {
+        const torch::Tensor stacked =
+            torch::stack(layers).to(torch::kCPU, torch_dtype(dtype)).contiguous();
+        const auto* data = static_cast<const std::byte*>(stacked.data_ptr());
+        out.assign(data, data + stacked.nbytes());
+    };
+    to_bytes(keys, packet.keys);
+    to_bytes(values, packet.values);
+}
+
+torch::Tensor packet_tensor(const Packet& packet, bool keys, int64_t num_layers, int64_t kv_heads,
+                            int64_t head_dim, CacheDtype dtype) {
+    const std::vector<std::byte>& bytes = keys ? packet.keys : packet.values;
+    const int64_t tokens = packet.stored_length();
+    const std::size_t expected =
+        static_cast<std::size_t>(num_layers * kv_heads * tokens * head_dim) *
+        cache_dtype_size(dtype);
+    if (bytes.size() != expected)
+        throw FormatError("packet " + kv::quoted(packet.id) + ": " + (keys ? "keys" : "values") +
+                          " hold " + std::to_string(bytes.size()) + " bytes, the shape needs " +
+                          std::to_string(expected));
+    return torch::from_blob(const_cast<std::byte*>(bytes.data()),
+                            {num_layers, kv_heads, tokens, head_dim},
+                            torch::TensorOptions().dtype(torch_dtype(dtype)));
+}
+
+void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, CacheDtype dtype) {
+    const int64_t tokens = packet.stored_length();
+    if (static_cast<int64_t>(packet.positions.size()) != tokens)
+        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
+                          std::to_string(packet.positions.size()) + " positions for " +
+                          std::to_string(tokens) + " tokens");
+    const int64_t delta = cache.next_position();
+    const int64_t layers = cache.num_layers(), kv_heads = cache.kv_heads(),
+                  head_dim = cache.head_dim();
+    const torch::Tensor keys = packet_tensor(packet, true, layers, kv_heads, head_dim, dtype);
+    const torch::Tensor values = packet_tensor(packet, false, layers, kv_heads, head_dim, dtype);
+    const torch::Tensor positions =
+        torch::from_blob(const_cast<int64_t*>(packet.positions.data()), {tokens}, torch::kInt64) +
+        delta;
+
+    std::vector<torch::Tensor> keys_per_layer, values_per_layer;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+        // Rotating in float32 then storing in the cache dtype: one rounding, as at bake time.
+        keys_per_layer.push_back(delta == 0 ? keys[layer]
+                                            : rope.shift(keys[layer].to(torch::kFloat32), delta));
+        values_per_layer.push_back(values[layer]);
+    }
+    cache.append(keys_per_layer, values_per_layer, positions);
+    cache.advance_to(delta + packet.logical_length);
+}
+
+}  // namespace kv

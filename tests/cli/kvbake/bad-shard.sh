@@ -1,0 +1,1 @@
+kvbake -m model.bin doc.txt --shard 2/2 -o out.kvc

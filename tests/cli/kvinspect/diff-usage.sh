@@ -1,0 +1,1 @@
+kvinspect diff only-one.kvc

@@ -1,0 +1,1 @@
+kvinspect export --to npz a.kvc -o a.npz

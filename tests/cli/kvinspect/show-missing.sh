@@ -1,0 +1,1 @@
+kvinspect show nope.kvc

@@ -1,0 +1,1 @@
+kvserve-once -m nope.bin --tokenizer tok.bin --prompt hi

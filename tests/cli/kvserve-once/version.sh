@@ -1,0 +1,1 @@
+kvserve-once --version

@@ -1,0 +1,404 @@
+#!/usr/bin/python3
+"""Writes the cache file conformance corpus (formats/kvcache.md) with h5py.
+
+    HDF5_PLUGIN_PATH=build/lib/hdf5-plugins /usr/bin/python3 tests/tools/make_kvcache_corpus.py
+
+writes tests/data/kvcache/{good,broken}/NNNN_*.kvc, README.md (each file and the expected
+result) and expected.tsv (the same, for tests/cli/kvinspect/corpus.sh). The files are written by
+h5py, not by kvtools, so that the tests prove the reader accepts what another HDF5 writer makes
+from the specification. Values come from a seeded generator: rerunning gives the same tensors.
+
+zstd (filter 32015) needs a filter plugin: hdf5plugin's own where it ships one (PyPI wheels), or
+kvtools' libkvh5zstd.so (Debian's python3-hdf5plugin ships none) through HDF5_PLUGIN_PATH.
+"""
+import hashlib
+import os
+import sys
+
+import h5py
+import numpy as np
+
+try:
+    import hdf5plugin  # noqa: F401  registers its filters where it has binaries
+except ImportError:
+    pass
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "..", "data", "kvcache")
+ZSTD = 32015
+
+LAYERS, HEADS, DIM = 2, 2, 4
+
+
+def sha(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+MODEL = {
+    "fingerprint": sha("corpus model"),
+    "name": "corpus/tiny-llama",
+    "architecture": "LlamaForCausalLM",
+    "num_layers": LAYERS,
+    "num_kv_heads": HEADS,
+    "head_dim": DIM,
+    "rope_layout": "half_split",
+    "rope_theta": 10000.0,
+    "rope_scaling": "",
+    "tokenizer_fingerprint": sha("corpus tokenizer"),
+}
+PROVENANCE = {
+    "tool": "make_kvcache_corpus.py",
+    "version": "1",
+    "command_line": "tests/tools/make_kvcache_corpus.py",
+}
+
+
+def to_bf16(values):
+    """float32 -> bfloat16 bits, rounding to nearest even."""
+    bits = values.astype("<f4").view("<u4").astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
+
+
+def packet(ident, length, seed, logical=None, positions=None, tokens=None, adapter="",
+           header=0, trailer=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "id": ident,
+        "text_sha256": sha("text of " + ident),
+        "token_ids": np.array(tokens if tokens is not None else rng.integers(0, 512, length),
+                              dtype="<i4"),
+        "positions": np.array(positions if positions is not None else range(length), dtype="<i8"),
+        "logical_length": logical if logical is not None else length,
+        "adapter_fingerprint": adapter,
+        "header_tokens": header,
+        "trailer_tokens": trailer,
+        "keys": rng.standard_normal((LAYERS, HEADS, length, DIM)).astype("<f4"),
+        "values": rng.standard_normal((LAYERS, HEADS, length, DIM)).astype("<f4"),
+    }
+
+
+def strings(values):
+    return np.array(values, dtype=h5py.string_dtype())
+
+
+def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libver="v110",
+                root=None, model=None, provenance=None, hook=None):
+    """Writes a store the way the specification describes; `root`, `model` and `provenance`
+    override attributes (value None deletes one); `hook(file)` runs last, before 'complete'."""
+    with h5py.File(path, "w", libver=libver) as f:
+        attributes = {"format": "kvtools-kvcache", "format_version": "1.0", "dtype": dtype,
+                      "keys_after_rope": 1}
+        attributes.update(root or {})
+        for name, value in attributes.items():
+            if value is not None:
+                f.attrs[name] = value
+        for group_name, base, override in (("model", MODEL, model),
+                                           ("provenance", PROVENANCE, provenance)):
+            group = f.create_group(group_name)
+            values = dict(base)
+            values.update(override or {})
+            for name, value in values.items():
+                if value is not None:
+                    group.attrs[name] = value
+        f.create_group("packets")
+        for ordinal, p in enumerate(packets):
+            group = f.create_group("packets/%08d" % ordinal)
+            for name in ("id", "text_sha256", "logical_length", "adapter_fingerprint",
+                         "header_tokens", "trailer_tokens"):
+                group.attrs[name] = p[name]
+            stored = len(p["token_ids"])
+            group.attrs["stored_length"] = stored
+            options = {}
+            if filters and stored > 0:
+                options["fletcher32"] = True
+                if filters == "zstd":
+                    options.update(compression=ZSTD, compression_opts=(3,), shuffle=True)
+                elif filters == "gzip":
+                    options.update(compression="gzip", compression_opts=4)
+            for name in ("token_ids", "positions"):
+                chunks = (stored,) if options else None
+                group.create_dataset(name, data=p[name], chunks=chunks, **options)
+            for name in ("keys", "values"):
+                data = p[name]
+                if dtype == "bf16":
+                    data = to_bf16(data)
+                elif dtype == "f16":
+                    data = data.astype("<f2")
+                elif dtype == "f32-big-endian":
+                    data = data.astype(">f4")
+                chunks = (1, 1, min(chunk_tokens, stored), DIM) if options else None
+                dataset = group.create_dataset(name, data=data, chunks=chunks, **options)
+                if dtype == "bf16":
+                    dataset.attrs["dtype"] = "bf16"
+        index = f.create_group("packet_index")
+        index.create_dataset("id", data=strings([p["id"] for p in packets]))
+        index.create_dataset("text_sha256", data=strings([p["text_sha256"] for p in packets]))
+        index.create_dataset("adapter_fingerprint",
+                             data=strings([p["adapter_fingerprint"] for p in packets]))
+        for name in ("logical_length", "header_tokens", "trailer_tokens"):
+            index.create_dataset(name, data=np.array([p[name] for p in packets], dtype="<i8"))
+        index.create_dataset("stored_length",
+                             data=np.array([len(p["token_ids"]) for p in packets], dtype="<i8"))
+        if hook:
+            hook(f)
+        if "complete" not in (root or {}):
+            f.attrs["complete"] = 1
+    if dtype == "f32-big-endian":
+        with h5py.File(path, "r+") as f:
+            f.attrs["dtype"] = "f32"
+
+
+def flip_byte_in_chunk(path, dataset_path, at=None):
+    """Flips one byte of the first stored chunk of a dataset, where h5py says it lies: in the
+    middle (by default), so that its Fletcher32 checksum no longer matches, or at `at`."""
+    with h5py.File(path, "r") as f:
+        info = f[dataset_path].id.get_chunk_info(0)
+        offset = info.byte_offset + (info.size // 2 if at is None else at)
+    with open(path, "r+b") as stream:
+        stream.seek(offset)
+        byte = stream.read(1)[0]
+        stream.seek(offset)
+        stream.write(bytes([byte ^ 0xFF]))
+
+
+def two_packets(**kwargs):
+    return [packet("doc-1", 5, 1, **kwargs), packet("doc-2", 3, 2)]
+
+
+def set_attr(path, name, value):
+    def hook(f):
+        group, _, attribute = name.rpartition("/")
+        f[group or "/"].attrs[attribute] = value
+    return hook
+
+
+def main():
+    probe = h5py.File("probe", "w", driver="core", backing_store=False)
+    try:
+        probe.create_dataset("x", data=np.zeros(4), chunks=(4,), compression=ZSTD)
+    except ValueError:
+        sys.exit("no zstd filter (32015) in this HDF5: set HDF5_PLUGIN_PATH to a directory with "
+                 "one, e.g. build/lib/hdf5-plugins")
+    probe.close()
+    for sub in ("good", "broken"):
+        os.makedirs(os.path.join(OUT, sub), exist_ok=True)
+        for old in os.listdir(os.path.join(OUT, sub)):
+            os.remove(os.path.join(OUT, sub, old))
+
+    cases = []  # (relative path, description, expected stderr glob or "" for good)
+
+    def good(name, description, packets, **kwargs):
+        write_store(os.path.join(OUT, "good", name + ".kvc"), packets, **kwargs)
+        cases.append(("good/%s.kvc" % name, description, ""))
+
+    def broken(name, description, expected, packets=None, after=None, **kwargs):
+        path = os.path.join(OUT, "broken", name + ".kvc")
+        write_store(path, packets if packets is not None else two_packets(), **kwargs)
+        if after:
+            after(path)
+        cases.append(("broken/%s.kvc" % name, description, expected))
+
+    # ---- good, simple to complex
+    good("0001_minimal", "one packet of 3 tokens, f32, contiguous datasets, no filters",
+         [packet("only", 3, 1)], filters=None)
+    good("0002_f32_zstd", "two packets, f32, chunked, shuffle + zstd + Fletcher32",
+         two_packets())
+    good("0003_bf16", "bf16 as uint16 with the dtype attribute", two_packets(), dtype="bf16")
+    good("0004_f16", "f16 as an IEEE half float type (numpy float16)", two_packets(), dtype="f16")
+    good("0005_no_packets", "a store with no packets (empty index datasets)", [])
+    good("0006_compressed_and_adapter",
+         "a packet that kept 3 of 10 tokens (gaps in positions), and a KV Packet adapter "
+         "packet (header and trailer soft tokens with id -1)",
+         [packet("pruned", 3, 3, logical=10, positions=[0, 4, 9]),
+          packet("wrapped", 6, 4, tokens=[-1, -1, 17, 18, -1, -1], adapter=sha("adapter"),
+                 header=2, trailer=2)])
+    good("0007_gzip_big_endian_earliest",
+         "deflate instead of zstd, big-endian float32 keys, HDF5's earliest file format "
+         "(h5py's default)",
+         two_packets(), dtype="f32-big-endian", filters="gzip", libver="earliest")
+
+    def loose_types(f):
+        # Fixed-length ASCII strings, 32-bit integers, an integer rope_theta.
+        f.attrs["format"] = np.bytes_("kvtools-kvcache")
+        f.attrs["format_version"] = np.bytes_("1.0")
+        f["model"].attrs["num_layers"] = np.int32(LAYERS)
+        f["model"].attrs["rope_theta"] = np.int32(10000)
+        f["model"].attrs["architecture"] = np.bytes_("LlamaForCausalLM")
+        f["packets/00000000"].attrs["stored_length"] = np.uint16(5)
+    good("0008_loose_types_optional_absent",
+         "fixed-length ASCII strings, 32-bit and unsigned integers, integer rope_theta; the "
+         "optional model name, rope_scaling and created absent",
+         two_packets(), model={"name": None, "rope_scaling": None}, hook=loose_types)
+
+    def extensions(f):
+        f.attrs["x_experiment"] = "ignored"
+        f.attrs["some_future_attribute"] = 42
+        f["packets/00000000"].attrs["x_note"] = "ignored"
+        f.create_group("x_scratch").create_dataset("junk", data=np.arange(3))
+        f["packets/00000001"].create_dataset("x_extra", data=np.arange(3))
+    good("0009_future_minor_and_extensions",
+         "format_version 1.7 with unknown attributes, x_ attributes, datasets and groups, "
+         "which readers ignore",
+         two_packets(), root={"format_version": "1.7"}, hook=extensions)
+    ids = ["doc-%02d" % i for i in range(9)] + ["naïve ünïcode", "with/slash", "日本語"]
+    good("0010_many_packets",
+         "12 packets, Unicode ids and a slash, lengths 1 to 20, several chunks per packet",
+         [packet(ident, 1 + (7 * i) % 20, 100 + i) for i, ident in enumerate(ids)],
+         chunk_tokens=8, model={"rope_scaling": '{"rope_type":"llama3","factor":8.0}'})
+
+    # ---- broken
+    def truncate(path):
+        size = os.path.getsize(path)
+        with open(path, "r+b") as stream:
+            stream.truncate(size // 2)
+    broken("0001_truncated", "the second half of the file is missing",
+           "*: cannot open the HDF5 file: truncated file*", after=truncate)
+
+    def text(path):
+        with open(path, "w") as stream:
+            stream.write("this is not a cache file\n")
+    broken("0002_not_hdf5", "a text file", "*: not an HDF5 file", after=text)
+    broken("0003_bad_format_name", "format = 'kvtools-kvcachex'",
+           "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
+           root={"format": "kvtools-kvcachex"})
+    broken("0004_future_major_version", "format_version = '2.0'",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.0)",
+           root={"format_version": "2.0"})
+    broken("0005_unknown_required_feature",
+           "required_features = ['ragged-heads', 'quantized-keys']: neither is implemented",
+           "*: requires features 'ragged-heads', 'quantized-keys', which this reader does not "
+           "implement",
+           hook=lambda f: f.attrs.create("required_features", ["ragged-heads", "quantized-keys"],
+                                         dtype=h5py.string_dtype()))
+    broken("0006_missing_required_attribute", "/model lacks num_kv_heads",
+           "*: missing required attribute 'num_kv_heads' of '/model'",
+           model={"num_kv_heads": None})
+    broken("0007_incomplete", "no 'complete' mark (the writer did not finish)",
+           "*: incomplete file (no 'complete' mark): its writer did not finish",
+           root={"complete": None})
+
+    def short_tokens(f):
+        del f["packets/00000000/token_ids"]
+        f["packets/00000000"].create_dataset("token_ids", data=np.arange(4, dtype="<i4"))
+    broken("0008_shape_mismatch", "packet 'doc-1' has 4 token ids for 5 stored keys",
+           "*: packet 'doc-1': 'token_ids' has 4 entries, stored_length is 5",
+           hook=short_tokens)
+    broken("0009_checksum",
+           "one byte flipped inside the first zstd + Fletcher32 chunk of doc-2's keys",
+           "*: packet 'doc-2': cannot read 'keys': data error detected by Fletcher32 checksum",
+           after=lambda path: flip_byte_in_chunk(path, "packets/00000001/keys"))
+    nan = packet("doc-nan", 4, 9)
+    nan["values"][1, 0, 2, 3] = np.nan
+    nan["values"][1, 1, 0, 0] = np.inf
+    broken("0010_nan_values",
+           "values of 'doc-nan' hold a NaN and an infinity: a sound file that check reports "
+           "(show works)",
+           "*: packet 'doc-nan': values hold 2 values that are not finite (first: NaN at layer 1, "
+           "kv-head 0, token 2, dimension 3)",
+           packets=[packet("doc-ok", 2, 8), nan])
+    broken("0011_duplicate_ids", "two packets with the id 'twin'",
+           "*: duplicate packet id 'twin' (entries 0 and 1)",
+           packets=[packet("twin", 2, 1), packet("twin", 3, 2)])
+    broken("0012_logical_less_than_stored", "logical_length 3 < stored_length 5",
+           "*: packet 'short': logical_length 3 is less than stored_length 5",
+           packets=[packet("short", 5, 1, logical=3, positions=[0, 1, 2, 2, 2])])
+    broken("0013_wrong_dtype", "dtype = 'f32' but the keys are float64",
+           "*: packet 'doc-1': 'keys' are not stored as f32 (the file's dtype)",
+           hook=lambda f: (f["packets/00000000"].__delitem__("keys"),
+                           f["packets/00000000"].create_dataset(
+                               "keys", data=np.zeros((LAYERS, HEADS, 5, DIM)))))
+    broken("0014_bf16_without_attribute",
+           "dtype = 'bf16' but the keys lack their dtype attribute",
+           "*: packet 'doc-1': 'keys' lacks the attribute dtype = 'bf16'", dtype="bf16",
+           hook=lambda f: f["packets/00000000/keys"].attrs.__delitem__("dtype"))
+    broken("0015_index_lengths_differ", "packet_index/stored_length has 1 entry for 2 ids",
+           "*: '/packet_index/stored_length' has 1 entries, '/packet_index/id' is 2",
+           hook=lambda f: (f["packet_index"].__delitem__("stored_length"),
+                           f["packet_index"].create_dataset("stored_length",
+                                                            data=np.array([5], dtype="<i8"))))
+    broken("0016_position_out_of_range", "a position equal to logical_length",
+           "*: packet 'far': position 4 is outside [0, logical_length 4)",
+           packets=[packet("far", 3, 1, logical=4, positions=[0, 1, 4])])
+
+    # Without Fletcher32, which would catch the flip before zstd sees it.
+    path = os.path.join(OUT, "broken", "0017_corrupt_zstd_without_checksum.kvc")
+    write_store_without_fletcher(path, [packet("big", 64, 5)])
+    # zstd frames carry no checksum here (as hdf5plugin writes them): a flip inside the data
+    # may decode to other values unnoticed, so break the frame's magic number instead.
+    flip_byte_in_chunk(path, "packets/00000000/values", at=0)
+    cases.append(("broken/0017_corrupt_zstd_without_checksum.kvc",
+                  "the zstd frame header of a chunk without Fletcher32 is corrupt: "
+                  "decompression must fail cleanly",
+                  "*: packet 'big': cannot read 'values': filter returned failure during read"))
+    broken("0018_missing_packet_group", "the index lists a packet whose group is absent",
+           "*: packet 'doc-2': missing required group '/packets/00000001'",
+           hook=lambda f: f["packets"].__delitem__("00000001"))
+    broken("0019_keys_before_rope", "keys_after_rope = 0",
+           "*: keys_after_rope is 0; only keys stored after RoPE (1) are supported",
+           root={"keys_after_rope": 0})
+    broken("0020_empty_id", "an empty packet id",
+           "*: packet index entry 0 has an empty id", packets=[packet("", 2, 1)])
+
+    with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
+        stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")
+        for relative, _, expected in cases:
+            stream.write("%s\t%d\t%s\n" % (relative, 1 if expected else 0,
+                                           "kvinspect: " + expected if expected else ""))
+    with open(os.path.join(OUT, "README.md"), "w") as stream:
+        stream.write(README_HEAD)
+        for relative, description, expected in cases:
+            result = ("`kvinspect check`: exit 1, `%s`" % ("kvinspect: " + expected)
+                      if expected else "sound: `kvinspect check` is silent, exit 0")
+            stream.write("| `%s` | %s | %s |\n" % (relative, description, result))
+    print("wrote %d files under %s" % (len(cases), os.path.normpath(OUT)))
+
+
+def write_store_without_fletcher(path, packets):
+    with h5py.File(path, "w", libver="v110") as f:
+        for name, value in {"format": "kvtools-kvcache", "format_version": "1.0",
+                            "dtype": "f32", "keys_after_rope": 1}.items():
+            f.attrs[name] = value
+        for group_name, values in (("model", MODEL), ("provenance", PROVENANCE)):
+            group = f.create_group(group_name)
+            for name, value in values.items():
+                group.attrs[name] = value
+        for ordinal, p in enumerate(packets):
+            group = f.create_group("packets/%08d" % ordinal)
+            for name in ("id", "text_sha256", "logical_length", "adapter_fingerprint",
+                         "header_tokens", "trailer_tokens"):
+                group.attrs[name] = p[name]
+            group.attrs["stored_length"] = len(p["token_ids"])
+            group.create_dataset("token_ids", data=p["token_ids"])
+            group.create_dataset("positions", data=p["positions"])
+            for name in ("keys", "values"):
+                group.create_dataset(name, data=p[name], chunks=(1, 1, 64, DIM),
+                                     compression=ZSTD, compression_opts=(3,))
+        index = f.create_group("packet_index")
+        index.create_dataset("id", data=strings([p["id"] for p in packets]))
+        index.create_dataset("text_sha256", data=strings([p["text_sha256"] for p in packets]))
+        index.create_dataset("adapter_fingerprint",
+                             data=strings([p["adapter_fingerprint"] for p in packets]))
+        for name in ("logical_length", "header_tokens", "trailer_tokens"):
+            index.create_dataset(name, data=np.array([p[name] for p in packets], dtype="<i8"))
+        index.create_dataset("stored_length",
+                             data=np.array([len(p["token_ids"]) for p in packets], dtype="<i8"))
+        f.attrs["complete"] = 1
+
+
+README_HEAD = """# Cache file conformance corpus
+
+Files for the reader of formats/kvcache.md, written by h5py (not by kvtools) with
+`tests/tools/make_kvcache_corpus.py`, which also writes this README and `expected.tsv`; rerun it
+rather than editing them. Files under `good/` are sound: kvtools reads every packet and
+`kvinspect check` is silent. Files under `broken/` are refused with the one-line message given
+(after the file name), never a crash; `0010_nan_values` is the exception that proves the rule:
+a sound file whose values are not finite, which `show` reads and `check` reports.
+`tests/cli/kvinspect/corpus.sh` runs `kvinspect check` on every file against `expected.tsv`, and
+`tests/unit/test_cache_file.cpp` opens every file with the library.
+
+| file | what it holds | expected |
+|---|---|---|
+"""
+
+if __name__ == "__main__":
+    main()

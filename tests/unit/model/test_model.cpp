@@ -1,0 +1,116 @@
+// The whole decoder against the float64 reference, for every architecture's flags.
+#include "kv/model/model.hpp"
+#include "random_model.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace kv;
+
+namespace {
+
+double max_logit_difference(const torch::Tensor& logits,
+                            const std::vector<reference::Vector>& expected,
+                            std::size_t first_row = 0) {
+    double worst = 0;
+    const torch::Tensor cpu = logits.to(torch::kFloat64).contiguous();
+    for (int64_t t = 0; t < cpu.size(0); ++t)
+        for (int64_t v = 0; v < cpu.size(1); ++v)
+            worst =
+                std::max(worst, std::abs(cpu[t][v].item<double>() - expected[first_row + t][v]));
+    return worst;
+}
+
+torch::Tensor positions_range(int64_t begin, int64_t end) {
+    return torch::arange(begin, end, torch::kInt64);
+}
+
+}  // namespace
+
+TEST_CASE("the decoder matches the float64 reference for every architecture", "[decoder]") {
+    const std::vector<int> tokens = {1, 5, 9, 2, 33, 17, 4, 4, 30, 11};
+    std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    for (const std::string architecture :
+         {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+          "llama2.c", "llama3-scaled"}) {
+        DYNAMIC_SECTION(architecture) {
+            ModelConfig config = testing::small_config(
+                architecture == "llama3-scaled" ? "LlamaForCausalLM" : architecture);
+            if (architecture == "llama3-scaled") {
+                config.rope_theta = 500000;
+                config.rope_scaling = {RopeScalingType::llama3, 8.0, 1.0, 4.0, 64};
+            }
+            testing::TwinModel twin = testing::make_random_model(config, 42);
+            const auto expected = twin.reference.forward(tokens);
+            auto model = Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU);
+            torch::NoGradGuard no_grad;
+
+            // One pass over every token.
+            KvCache whole = model->new_cache();
+            const torch::Tensor all = model->logits(model->forward(
+                model->embed(ids), positions_range(0, static_cast<int64_t>(ids.size())), whole));
+            CHECK(max_logit_difference(all, expected) < 1e-4);
+
+            // Chunked prefill then token-by-token decode agree with it.
+            KvCache incremental = model->new_cache(2);  // forces the cache to grow
+            const torch::Tensor first =
+                model->prefill(std::span<const int32_t>(ids).first(3), incremental, 2);
+            CHECK(max_logit_difference(first.unsqueeze(0), expected, 2) < 1e-4);
+            for (std::size_t t = 3; t < ids.size(); ++t) {
+                const torch::Tensor step =
+                    model->prefill(std::span<const int32_t>(ids).subspan(t, 1), incremental);
+                CHECK(max_logit_difference(step.unsqueeze(0), expected, t) < 1e-4);
+            }
+            CHECK(incremental.length() == static_cast<int64_t>(ids.size()));
+            CHECK(incremental.next_position() == static_cast<int64_t>(ids.size()));
+        }
+    }
+}
+
+TEST_CASE("a block-diagonal mask makes documents attend only to themselves", "[decoder]") {
+    ModelConfig config = testing::small_config("Qwen3ForCausalLM");
+    testing::TwinModel twin = testing::make_random_model(config, 7);
+    const std::vector<int> tokens = {3, 8, 13, 21, 5, 6, 7};
+    const std::vector<int> document = {0, 0, 0, 1, 1, 2, 2};
+    const auto expected = twin.reference.forward(tokens, document);
+    auto model = Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    torch::Tensor allow = torch::zeros({7, 7}, torch::kBool);
+    for (int i = 0; i < 7; ++i)
+        for (int j = 0; j < 7; ++j)
+            allow[i][j] = document[i] == document[j];
+    KvCache cache = model->new_cache();
+    std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    const torch::Tensor logits =
+        model->logits(model->forward(model->embed(ids), positions_range(0, 7), cache, allow));
+    CHECK(max_logit_difference(logits, expected) < 1e-4);
+}
+
+TEST_CASE("bf16 compute stays close to f32", "[decoder]") {
+    ModelConfig config = testing::small_config("LlamaForCausalLM");
+    testing::TwinModel twin = testing::make_random_model(config, 3);
+    const std::vector<int> tokens = {1, 2, 3, 4, 5, 6};
+    const auto expected = twin.reference.forward(tokens);
+    auto model = Model::from_weights(std::move(twin.weights), torch::kBFloat16, torch::kCPU);
+    std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    KvCache cache = model->new_cache();
+    const torch::Tensor last = model->prefill(ids, cache);
+    CHECK(last.scalar_type() == torch::kFloat32);
+    CHECK(max_logit_difference(last.unsqueeze(0), expected, 5) < 0.25);
+}
+
+TEST_CASE("weights with the wrong shape or missing are named in the error", "[decoder]") {
+    ModelConfig config = testing::small_config("LlamaForCausalLM");
+    testing::TwinModel twin = testing::make_random_model(config, 1);
+    SECTION("missing") {
+        twin.weights.weights.erase("model.layers.1.mlp.up_proj.weight");
+        CHECK_THROWS_WITH(
+            Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU),
+            Catch::Contains("missing tensor 'model.layers.1.mlp.up_proj.weight'"));
+    }
+    SECTION("wrong shape") {
+        twin.weights.weights["model.norm.weight"] = torch::ones({3});
+        CHECK_THROWS_WITH(
+            Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU),
+            Catch::Contains("'model.norm.weight' has shape [3], the config needs [32]"));
+    }
+}

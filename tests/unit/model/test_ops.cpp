@@ -1,0 +1,275 @@
+// Each numerical piece against the float64 reference.
+#include "kv/model/ops.hpp"
+#include "reference.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+using namespace kv;
+
+namespace {
+
+std::vector<double> to_vector(const torch::Tensor& tensor) {
+    const torch::Tensor flat = tensor.to(torch::kFloat64).contiguous().view({-1});
+    return {flat.data_ptr<double>(), flat.data_ptr<double>() + flat.numel()};
+}
+
+torch::Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed) {
+    torch::manual_seed(seed);
+    return torch::randn(shape, torch::kFloat32);
+}
+
+double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::abs(a[i] - b[i]));
+    return worst;
+}
+
+}  // namespace
+
+TEST_CASE("rms_norm matches the float64 reference", "[ops]") {
+    const torch::Tensor x = random_tensor({3, 16}, 1) * 3.0;
+    const torch::Tensor weight = random_tensor({16}, 2);
+    const auto got = to_vector(rms_norm(x, weight, 1e-5));
+    std::vector<double> expected;
+    const auto w = to_vector(weight);
+    for (int64_t row = 0; row < 3; ++row) {
+        const auto out = reference::rms_norm(to_vector(x[row]), w, 1e-5);
+        expected.insert(expected.end(), out.begin(), out.end());
+    }
+    CHECK(max_abs_difference(got, expected) < 1e-5);
+
+    SECTION("bf16 input keeps float32 statistics") {
+        const auto bf16 =
+            to_vector(rms_norm(x.to(torch::kBFloat16), weight.to(torch::kBFloat16), 1e-5));
+        CHECK(max_abs_difference(bf16, expected) < 0.1);
+    }
+}
+
+TEST_CASE("swiglu matches the float64 reference", "[ops]") {
+    const torch::Tensor gate = random_tensor({2, 10}, 3), up = random_tensor({2, 10}, 4);
+    const auto got = to_vector(swiglu(gate, up));
+    const auto g = to_vector(gate), u = to_vector(up);
+    std::vector<double> expected;
+    for (std::size_t i = 0; i < g.size(); ++i)
+        expected.push_back(reference::silu(g[i]) * u[i]);
+    CHECK(max_abs_difference(got, expected) < 1e-6);
+}
+
+TEST_CASE("linear with and without bias, one row and many", "[ops]") {
+    const torch::Tensor weight = random_tensor({7, 5}, 5), bias = random_tensor({7}, 6);
+    for (int64_t rows : {1, 4}) {
+        const torch::Tensor x = random_tensor({rows, 5}, 7);
+        const auto got = to_vector(kv::linear(x, weight, bias));
+        std::vector<double> expected;
+        reference::Matrix w;
+        for (int64_t r = 0; r < 7; ++r)
+            w.push_back(to_vector(weight[r]));
+        const auto b = to_vector(bias);
+        for (int64_t r = 0; r < rows; ++r) {
+            auto y = reference::multiply(w, to_vector(x[r]));
+            for (std::size_t i = 0; i < y.size(); ++i)
+                y[i] += b[i];
+            expected.insert(expected.end(), y.begin(), y.end());
+        }
+        CHECK(max_abs_difference(got, expected) < 1e-5);
+    }
+}
+
+TEST_CASE("RoPE in both layouts matches the float64 reference", "[ops][rope]") {
+    for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
+        ModelConfig config;
+        config.head_dim = 16;
+        config.rope_theta = 10000;
+        config.rope_layout = layout;
+        const Rope rope(config);
+        reference::RopeSpec spec;
+        spec.head_dim = 16;
+        spec.theta = 10000;
+        spec.interleaved = layout == RopeLayout::interleaved;
+
+        const torch::Tensor x = random_tensor({2, 4, 16}, 8);  // [heads, tokens, dim]
+        const std::vector<int64_t> positions = {0, 1, 17, 3000};
+        const auto got = to_vector(rope.apply(x, torch::tensor(positions)));
+        std::vector<double> expected;
+        for (int64_t h = 0; h < 2; ++h)
+            for (int64_t t = 0; t < 4; ++t) {
+                const auto y =
+                    reference::rope(spec, to_vector(x[h][t]), static_cast<double>(positions[t]));
+                expected.insert(expected.end(), y.begin(), y.end());
+            }
+        // Float angles at position 3000 carry ~1e-4 relative error, as in llama2.c and HF.
+        CHECK(max_abs_difference(got, expected) < 2e-3);
+    }
+}
+
+TEST_CASE("RoPE rotations compose: shifting a rotated key equals rotating it further",
+          "[ops][rope]") {
+    for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
+        ModelConfig config;
+        config.head_dim = 32;
+        config.rope_theta = 500000;
+        config.rope_layout = layout;
+        config.rope_scaling = {RopeScalingType::llama3, 8.0, 1.0, 4.0, 8192};
+        const Rope rope(config);
+        const torch::Tensor x = random_tensor({3, 5, 32}, 9);
+        const torch::Tensor positions = torch::tensor(std::vector<int64_t>{0, 1, 2, 50, 99});
+        const torch::Tensor shifted = rope.shift(rope.apply(x, positions), 1234);
+        const torch::Tensor direct = rope.apply(x, positions + 1234);
+        CHECK(max_abs_difference(to_vector(shifted), to_vector(direct)) < 1e-3);
+    }
+}
+
+TEST_CASE("llama3 RoPE scaling matches Meta's formula in float64", "[ops][rope]") {
+    ModelConfig config;
+    config.head_dim = 128;
+    config.rope_theta = 500000;
+    config.rope_scaling = {RopeScalingType::llama3, 8.0, 1.0, 4.0, 8192};
+    const std::vector<float> got = rope_inverse_frequencies(config);
+    reference::RopeSpec spec;
+    spec.head_dim = 128;
+    spec.theta = 500000;
+    spec.llama3_factor = 8;
+    int scaled = 0, kept = 0, smoothed = 0;
+    for (int i = 0; i < 64; ++i) {
+        const double expected = reference::inverse_frequency(spec, i);
+        const double unscaled = 1.0 / std::pow(500000.0, 2.0 * i / 128);
+        CHECK(got[i] == Approx(expected).epsilon(1e-5));
+        if (std::abs(expected - unscaled) < 1e-12 * unscaled)
+            ++kept;
+        else if (std::abs(expected - unscaled / 8) < 1e-9 * unscaled)
+            ++scaled;
+        else
+            ++smoothed;
+    }
+    // All three bands occur for Llama 3.1's settings.
+    CHECK(kept > 0);
+    CHECK(scaled > 0);
+    CHECK(smoothed > 0);
+
+    config.rope_scaling = {RopeScalingType::linear, 4.0};
+    const std::vector<float> linear = rope_inverse_frequencies(config);
+    CHECK(linear[3] == Approx(1.0 / std::pow(500000.0, 6.0 / 128) / 4).epsilon(1e-6));
+}
+
+TEST_CASE("attention with grouped-query heads matches the float64 reference", "[ops][attention]") {
+    const int64_t query_heads = 6, kv_heads = 2, head_dim = 8, cached = 3, tokens = 4;
+    const int64_t keys_count = cached + tokens;
+    const torch::Tensor q = random_tensor({query_heads, tokens, head_dim}, 10);
+    const torch::Tensor k = random_tensor({kv_heads, keys_count, head_dim}, 11);
+    const torch::Tensor v = random_tensor({kv_heads, keys_count, head_dim}, 12);
+    const std::vector<int64_t> key_positions = {0, 1, 2, 3, 4, 5, 6};
+    const std::vector<int64_t> query_positions = {3, 4, 5, 6};
+    torch::Tensor allow = torch::ones({tokens, keys_count}, torch::kBool);
+    allow[2][0] = false;  // an extra restriction on top of causality
+    allow[2][4] = false;
+
+    for (bool restricted : {false, true}) {
+        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 0,
+                           restricted ? allow : torch::Tensor()};
+        const auto got = to_vector(attention(q, k, v, mask, 1.0 / std::sqrt(8.0)));
+        std::vector<double> expected;
+        for (int64_t h = 0; h < query_heads; ++h) {
+            const int64_t kv_head = h / (query_heads / kv_heads);
+            std::vector<reference::Vector> keys, values;
+            for (int64_t j = 0; j < keys_count; ++j) {
+                keys.push_back(to_vector(k[kv_head][j]));
+                values.push_back(to_vector(v[kv_head][j]));
+            }
+            for (int64_t t = 0; t < tokens; ++t) {
+                std::vector<bool> visible(keys_count);
+                for (int64_t j = 0; j < keys_count; ++j)
+                    visible[j] = key_positions[j] <= query_positions[t] &&
+                                 (!restricted || allow[t][j].item<bool>());
+                const auto out = reference::attend(to_vector(q[h][t]), keys, values, visible);
+                expected.insert(expected.end(), out.begin(), out.end());
+            }
+        }
+        CHECK(max_abs_difference(got, expected) < 1e-5);
+    }
+
+    SECTION("a query that may see nothing gets zeros, not NaN") {
+        torch::Tensor none = torch::zeros({tokens, keys_count}, torch::kBool);
+        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 0, none};
+        const torch::Tensor out = attention(q, k, v, mask, 0.35);
+        CHECK(out.abs().sum().item<double>() == 0.0);
+    }
+
+    SECTION("a sliding window hides keys older than the window") {
+        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 2, {}};
+        const auto got = to_vector(attention(q, k, v, mask, 0.35));
+        std::vector<reference::Vector> keys, values;
+        for (int64_t j = 0; j < keys_count; ++j) {
+            keys.push_back(to_vector(k[0][j]));
+            values.push_back(to_vector(v[0][j]));
+        }
+        std::vector<bool> visible = {false, false, false, false, true, true, false};  // query at 5
+        const auto out =
+            reference::attend(to_vector(q[0][2] * (0.35 * std::sqrt(8.0))), keys, values, visible);
+        for (int64_t d = 0; d < head_dim; ++d)
+            CHECK(got[2 * head_dim + d] == Approx(out[d]).margin(1e-5));
+    }
+}
+
+TEST_CASE("the gemv kernels match the float64 reference for f32 and bf16 weights", "[ops][gemv]") {
+    // Odd sizes exercise the 4-row blocks, the remainder rows and the scalar tail columns.
+    for (auto [rows, columns] :
+         {std::pair<int64_t, int64_t>{1, 1}, {7, 13}, {37, 100}, {64, 2048}}) {
+        const torch::Tensor weight = random_tensor({rows, columns}, 20);
+        const torch::Tensor x = random_tensor({1, columns}, 21);
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+            const torch::Tensor stored = weight.to(dtype);
+            const auto w = to_vector(stored);  // the exact stored values, widened
+            reference::Matrix matrix(rows, reference::Vector(columns));
+            for (int64_t r = 0; r < rows; ++r)
+                for (int64_t c = 0; c < columns; ++c)
+                    matrix[r][c] = w[r * columns + c];
+            const auto input = to_vector(x.to(dtype));
+            torch::NoGradGuard no_grad;
+            const auto got = to_vector(kv::linear(x.to(dtype), stored));
+            const auto expected = reference::multiply(matrix, input);
+            // f32 accumulation over up to 2048 terms; bf16 output rounding dominates for bf16.
+            const double tolerance =
+                dtype == torch::kFloat32 ? 1e-4 : 0.02 * std::sqrt(double(columns));
+            CHECK(max_abs_difference(got, expected) < tolerance);
+        }
+    }
+}
+
+TEST_CASE("one-token attention over a cache view matches the float64 reference",
+          "[ops][attention]") {
+    // The decoding step reads [Hkv, S, D] views of a larger cache buffer, in f32 or bf16.
+    const int64_t query_heads = 8, kv_heads = 2, head_dim = 24, capacity = 40;
+    for (int64_t keys_count : {1, 5, 33}) {
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+            const torch::Tensor buffer_k =
+                random_tensor({kv_heads, capacity, head_dim}, 30).to(dtype);
+            const torch::Tensor buffer_v =
+                random_tensor({kv_heads, capacity, head_dim}, 31).to(dtype);
+            const torch::Tensor k = buffer_k.narrow(1, 0, keys_count),
+                                v = buffer_v.narrow(1, 0, keys_count);
+            const torch::Tensor q = random_tensor({query_heads, 1, head_dim}, 32).to(dtype);
+            AttentionMask mask{torch::full({1}, keys_count - 1, torch::kInt64),
+                               torch::arange(keys_count, torch::kInt64),
+                               0,
+                               {}};
+            torch::NoGradGuard no_grad;
+            const auto got = to_vector(attention(q, k, v, mask, 1.0 / std::sqrt(double(head_dim))));
+            std::vector<double> expected;
+            for (int64_t h = 0; h < query_heads; ++h) {
+                std::vector<reference::Vector> keys, values;
+                for (int64_t j = 0; j < keys_count; ++j) {
+                    keys.push_back(to_vector(k[h / 4][j]));
+                    values.push_back(to_vector(v[h / 4][j]));
+                }
+                const auto out = reference::attend(to_vector(q[h][0]), keys, values,
+                                                   std::vector<bool>(keys_count, true));
+                expected.insert(expected.end(), out.begin(), out.end());
+            }
+            CHECK(max_abs_difference(got, expected) < (dtype == torch::kFloat32 ? 1e-5 : 2e-2));
+        }
+    }
+}

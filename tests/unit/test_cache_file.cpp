@@ -1,0 +1,387 @@
+#include "cache_fixtures.hpp"
+#include "kv/cache_file.hpp"
+#include "kv/error.hpp"
+#include "test_support.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+using kv::test::make_packet;
+using kv::test::test_model;
+using kv::test::test_provenance;
+using kv::test::write_store;
+
+void check_same_packet(const kv::Packet& a, const kv::Packet& b) {
+    CHECK(a.id == b.id);
+    CHECK(a.text_sha256 == b.text_sha256);
+    CHECK(a.token_ids == b.token_ids);
+    CHECK(a.positions == b.positions);
+    CHECK(a.logical_length == b.logical_length);
+    CHECK(a.adapter_fingerprint == b.adapter_fingerprint);
+    CHECK(a.header_tokens == b.header_tokens);
+    CHECK(a.trailer_tokens == b.trailer_tokens);
+    CHECK(a.keys == b.keys);
+    CHECK(a.values == b.values);
+}
+
+std::string error_of(const std::function<void()>& action) {
+    try {
+        action();
+    } catch (const std::exception& error) {
+        return error.what();
+    }
+    return "";
+}
+
+std::vector<std::string> directory_entries(const std::filesystem::path& directory) {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(directory))
+        names.push_back(entry.path().filename().string());
+    return names;
+}
+
+}  // namespace
+
+TEST_CASE("cache dtypes have names and sizes", "[cache_file]") {
+    CHECK(std::string(kv::cache_dtype_name(kv::CacheDtype::bf16)) == "bf16");
+    CHECK(kv::parse_cache_dtype("f16") == kv::CacheDtype::f16);
+    CHECK(kv::cache_dtype_size(kv::CacheDtype::f32) == 4);
+    CHECK(kv::cache_dtype_size(kv::CacheDtype::bf16) == 2);
+    CHECK_THROWS_AS(kv::parse_cache_dtype("f64"), kv::FormatError);
+}
+
+TEST_CASE("cache files round-trip every dtype with several packets", "[cache_file]") {
+    const auto dtype = GENERATE(kv::CacheDtype::f32, kv::CacheDtype::bf16, kv::CacheDtype::f16);
+    const auto zstd_level = GENERATE(0, 3);
+    CAPTURE(kv::cache_dtype_name(dtype), zstd_level);
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model(dtype);
+    std::vector<kv::Packet> packets = {
+        make_packet(model, "doc-1", 5, 1), make_packet(model, "naïve/ünïcode id", 300, 2),
+        make_packet(model, "empty", 0, 3), make_packet(model, "one", 1, 4)};
+    packets[1].adapter_fingerprint = std::string(64, 'd');
+    packets[1].header_tokens = 8;
+    packets[1].trailer_tokens = 8;
+    packets[1].token_ids[0] = -1;    // an adapter soft token
+    packets[3].logical_length = 10;  // compressed: 1 of 10 tokens kept
+    packets[3].positions[0] = 9;
+    kv::CacheWriteOptions options;
+    options.zstd_level = zstd_level;
+    options.chunk_tokens = 64;
+    write_store(dir / "a.kvc", model, packets, options);
+
+    const kv::CacheReader reader(dir / "a.kvc");
+    CHECK(reader.format_version() == "1.0");
+    CHECK(reader.source() == "'" + (dir / "a.kvc").string() + "'");
+    const kv::CacheModelInfo& got = reader.model();
+    CHECK(got.model_fingerprint == model.model_fingerprint);
+    CHECK(got.model_name == model.model_name);
+    CHECK(got.architecture == model.architecture);
+    CHECK(got.num_layers == 3);
+    CHECK(got.num_kv_heads == 2);
+    CHECK(got.head_dim == 8);
+    CHECK(got.rope_layout == "half_split");
+    CHECK(got.rope_theta == 10000);
+    CHECK(got.rope_scaling == model.rope_scaling);
+    CHECK(got.tokenizer_fingerprint == model.tokenizer_fingerprint);
+    CHECK(got.dtype == dtype);
+    CHECK(reader.provenance().tool == "kv_unit_tests");
+    CHECK(reader.provenance().command_line == test_provenance().command_line);
+    CHECK(reader.provenance().created.empty());
+    REQUIRE(reader.packets().size() == packets.size());
+    for (std::size_t i = 0; i < packets.size(); ++i) {
+        const kv::PacketInfo& info = reader.packets()[i];
+        CHECK(info.id == packets[i].id);
+        CHECK(info.stored_length == packets[i].stored_length());
+        CHECK(info.logical_length == packets[i].logical_length);
+        check_same_packet(reader.read(info.id), packets[i]);
+    }
+    CHECK(reader.packet_info("one").logical_length == 10);
+    CHECK_THROWS_AS(reader.packet_info("absent"), kv::Error);
+    CHECK_THROWS_WITH(reader.read("absent"), Catch::Contains("no packet 'absent'"));
+}
+
+TEST_CASE("a cache file with no packets is valid", "[cache_file]") {
+    kv::test::TempDir dir;
+    write_store(dir / "empty.kvc", test_model(), {});
+    const kv::CacheReader reader(dir / "empty.kvc");
+    CHECK(reader.packets().empty());
+}
+
+TEST_CASE("identical input writes identical bytes", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model(kv::CacheDtype::bf16);
+    const std::vector<kv::Packet> packets = {make_packet(model, "a", 40, 1),
+                                             make_packet(model, "b", 7, 2)};
+    write_store(dir / "1.kvc", model, packets);
+    write_store(dir / "2.kvc", model, packets);
+    CHECK(kv::test::read_text(dir / "1.kvc") == kv::test::read_text(dir / "2.kvc"));
+}
+
+TEST_CASE("the writer refuses bad packets", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    kv::CacheWriter writer(dir / "a.kvc", model, test_provenance());
+    writer.add(make_packet(model, "x", 4, 1));
+    CHECK_THROWS_AS(writer.add(make_packet(model, "x", 4, 2)), kv::UsageError);
+    CHECK_THROWS_WITH(writer.add(make_packet(model, "x", 4, 2)),
+                      Catch::Contains("duplicate packet id 'x'"));
+    CHECK_THROWS_AS(writer.add(make_packet(model, "", 4, 2)), kv::UsageError);
+
+    kv::Packet short_keys = make_packet(model, "short", 4, 3);
+    short_keys.keys.pop_back();
+    CHECK_THROWS_AS(writer.add(short_keys), kv::FormatError);
+    kv::Packet positions = make_packet(model, "positions", 4, 3);
+    positions.positions.pop_back();
+    CHECK_THROWS_AS(writer.add(positions), kv::FormatError);
+    kv::Packet logical = make_packet(model, "logical", 4, 3);
+    logical.logical_length = 3;
+    CHECK_THROWS_WITH(writer.add(logical),
+                      Catch::Contains("logical_length 3 is less than stored_length 4"));
+    kv::Packet outside = make_packet(model, "outside", 4, 3);
+    outside.positions[2] = 4;
+    CHECK_THROWS_AS(writer.add(outside), kv::FormatError);
+
+    // Refused packets leave the writer usable.
+    writer.add(make_packet(model, "y", 2, 4));
+    writer.finish();
+    const kv::CacheReader reader(dir / "a.kvc");
+    REQUIRE(reader.packets().size() == 2);
+    CHECK(reader.packets()[1].id == "y");
+}
+
+TEST_CASE("a writer destroyed without finish leaves nothing", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    {
+        kv::CacheWriter writer(dir / "a.kvc", model, test_provenance());
+        writer.add(make_packet(model, "x", 4, 1));
+        // The temporary file exists beside the output while writing, never under its name.
+        const auto names = directory_entries(dir.path());
+        REQUIRE(names.size() == 1);
+        CHECK(names[0].rfind(".a.kvc.tmp-", 0) == 0);
+    }
+    CHECK(directory_entries(dir.path()).empty());
+
+    // An existing file is untouched until finish() replaces it.
+    write_store(dir / "a.kvc", model, {make_packet(model, "old", 2, 1)});
+    {
+        kv::CacheWriter writer(dir / "a.kvc", model, test_provenance());
+        writer.add(make_packet(model, "new", 2, 1));
+    }
+    const kv::CacheReader reader(dir / "a.kvc");
+    REQUIRE(reader.packets().size() == 1);
+    CHECK(reader.packets()[0].id == "old");
+}
+
+TEST_CASE("a writer killed mid-write leaves no file under the output name", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        try {
+            kv::CacheWriter writer(dir / "a.kvc", model, test_provenance());
+            for (int i = 0;; ++i)
+                writer.add(make_packet(model, std::to_string(i), 64, i));
+        } catch (...) {
+        }
+        _exit(1);  // never back into the test runner
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(child, SIGKILL);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFSIGNALED(status));
+    CHECK(!std::filesystem::exists(dir / "a.kvc"));
+}
+
+TEST_CASE("opening a store reads no tensor", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    {
+        kv::CacheWriter writer(dir / "a.kvc", model, test_provenance());
+        for (int i = 0; i < 1000; ++i)
+            writer.add(make_packet(model, "doc-" + std::to_string(i), 3, i));
+        writer.finish();
+    }
+    // The index lists them all; tests/cli/kvinspect/lazy-reads.sh shows that no tensor chunk is
+    // read for it, by corrupting every chunk but one packet's.
+    const kv::CacheReader reader(dir / "a.kvc");
+    REQUIRE(reader.packets().size() == 1000);
+    CHECK(reader.packets()[999].id == "doc-999");
+    CHECK(reader.packet_info("doc-500").stored_length == 3);
+    check_same_packet(reader.read("doc-500"), make_packet(model, "doc-500", 3, 500));
+}
+
+TEST_CASE("readers refuse what is not a sound cache file", "[cache_file]") {
+    kv::test::TempDir dir;
+    CHECK_THROWS_AS(kv::CacheReader(dir / "absent.kvc"), kv::IoError);
+    CHECK_THROWS_WITH(kv::CacheReader(dir / "absent.kvc"),
+                      Catch::Contains("cannot open '") && Catch::Contains("No such file"));
+    kv::test::write_file(dir / "text.kvc", "hello, world\n");
+    CHECK_THROWS_AS(kv::CacheReader(dir / "text.kvc"), kv::FormatError);
+    CHECK_THROWS_WITH(kv::CacheReader(dir / "text.kvc"), Catch::Contains("not an HDF5 file"));
+    CHECK_THROWS_AS(kv::CacheReader(dir.path()), kv::IoError);
+
+    const kv::CacheModelInfo model = test_model();
+    write_store(dir / "a.kvc", model, {make_packet(model, "x", 300, 1)});
+    const std::string bytes = kv::test::read_text(dir / "a.kvc");
+    for (std::size_t keep : {std::size_t{100}, bytes.size() / 2, bytes.size() - 1}) {
+        CAPTURE(keep);
+        kv::test::write_file(dir / "cut.kvc", bytes.substr(0, keep));
+        std::string message;
+        try {
+            const kv::CacheReader reader(dir / "cut.kvc");
+            for (const kv::PacketInfo& info : reader.packets())
+                reader.read(info.id);
+        } catch (const kv::FormatError& error) {
+            message = error.what();
+        }
+        CHECK(message.find("cut.kvc'") != std::string::npos);
+        CHECK(message.find('\n') == std::string::npos);
+    }
+}
+
+TEST_CASE("check_compatible names both fingerprints", "[cache_file]") {
+    const kv::CacheModelInfo expected = test_model();
+    kv::CacheModelInfo found = test_model();
+    CHECK_NOTHROW(kv::check_compatible(expected, found, "'a.kvc'"));
+    found.model_name = "other/name";  // names are for messages only
+    CHECK_NOTHROW(kv::check_compatible(expected, found, "'a.kvc'"));
+
+    found.model_fingerprint = "1234567890abcdef" + std::string(48, '0');
+    const std::string message = error_of([&] { kv::check_compatible(expected, found, "'a.kvc'"); });
+    CHECK(message ==
+          "cache 'a.kvc' was baked with model 'other/name' (fingerprint 1234567890ab), not "
+          "'models/tiny' (fingerprint aaaaaaaaaaaa)");
+    CHECK_THROWS_AS(kv::check_compatible(expected, found, "a.kvc"), kv::MismatchError);
+
+    found = test_model();
+    found.tokenizer_fingerprint = std::string(64, 'e');
+    CHECK(error_of([&] { kv::check_compatible(expected, found, "a.kvc"); }) ==
+          "cache 'a.kvc' was baked with tokenizer (fingerprint eeeeeeeeeeee), not (fingerprint "
+          "bbbbbbbbbbbb)");
+    found = test_model(kv::CacheDtype::bf16);
+    CHECK(error_of([&] { kv::check_compatible(expected, found, "'a.kvc'"); }) ==
+          "cache 'a.kvc' has dtype bf16, expected f32");
+    found = test_model();
+    found.num_layers = 4;
+    CHECK(error_of([&] { kv::check_compatible(expected, found, "'a.kvc'"); }) ==
+          "cache 'a.kvc' has num_layers 4, expected 3");
+}
+
+TEST_CASE("merge concatenates stores and refuses mismatches", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model(kv::CacheDtype::bf16);
+    const std::vector<kv::Packet> first = {make_packet(model, "a", 5, 1),
+                                           make_packet(model, "b", 9, 2)};
+    const std::vector<kv::Packet> second = {make_packet(model, "c", 3, 3)};
+    write_store(dir / "1.kvc", model, first);
+    write_store(dir / "2.kvc", model, second);
+    kv::merge_cache_files({dir / "2.kvc", dir / "1.kvc"}, dir / "all.kvc",
+                          {"kvinspect", "0.1.0", "kvinspect merge 2.kvc 1.kvc -o all.kvc", ""});
+    const kv::CacheReader merged(dir / "all.kvc");
+    REQUIRE(merged.packets().size() == 3);
+    CHECK(merged.packets()[0].id == "c");
+    CHECK(merged.packets()[1].id == "a");
+    CHECK(merged.packets()[2].id == "b");
+    CHECK(merged.provenance().tool == "kvinspect");
+    CHECK(merged.model().dtype == kv::CacheDtype::bf16);
+    check_same_packet(merged.read("b"), first[1]);
+    check_same_packet(merged.read("c"), second[0]);
+
+    const std::string duplicate = error_of([&] {
+        kv::merge_cache_files({dir / "1.kvc", dir / "all.kvc"}, dir / "x.kvc", {});
+    });
+    CHECK(duplicate.find("packet id 'a' is in both '" + (dir / "1.kvc").string() + "' and '" +
+                         (dir / "all.kvc").string() + "'") != std::string::npos);
+    CHECK_THROWS_AS(kv::merge_cache_files({dir / "1.kvc", dir / "all.kvc"}, dir / "x.kvc", {}),
+                    kv::MismatchError);
+
+    kv::CacheModelInfo other = model;
+    other.model_fingerprint = std::string(64, 'f');
+    write_store(dir / "other.kvc", other, {make_packet(other, "z", 2, 1)});
+    const std::string mismatch = error_of([&] {
+        kv::merge_cache_files({dir / "1.kvc", dir / "other.kvc"}, dir / "x.kvc", {});
+    });
+    CHECK(mismatch.find((dir / "1.kvc").string()) != std::string::npos);
+    CHECK(mismatch.find((dir / "other.kvc").string()) != std::string::npos);
+    CHECK(mismatch.find("fingerprint ffffffffffff") != std::string::npos);
+    CHECK(!std::filesystem::exists(dir / "x.kvc"));
+
+    // Merging into one of the inputs replaces it at the end.
+    kv::merge_cache_files({dir / "1.kvc", dir / "2.kvc"}, dir / "1.kvc", {});
+    CHECK(kv::CacheReader(dir / "1.kvc").packets().size() == 3);
+    CHECK_THROWS_AS(kv::merge_cache_files({}, dir / "x.kvc", {}), kv::UsageError);
+    CHECK_THROWS_AS(kv::merge_cache_files({"-", "-"}, dir / "x.kvc", {}), kv::UsageError);
+}
+
+TEST_CASE("the conformance corpus reads as tests/data/kvcache/expected.tsv says", "[cache_file]") {
+    const std::filesystem::path corpus = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache";
+    std::istringstream list(kv::test::read_text(corpus / "expected.tsv"));
+    int files = 0;
+    for (std::string line; std::getline(list, line);) {
+        if (line.empty() || line[0] == '#') continue;
+        const std::string file = line.substr(0, line.find('\t'));
+        const bool sound = line.find("\t0\t") != std::string::npos;
+        // A file whose values are not finite is sound for the reader: only check objects.
+        const bool readable = sound || line.find("not finite") != std::string::npos;
+        CAPTURE(file);
+        std::string message;
+        try {
+            const kv::CacheReader reader(corpus / file);
+            for (const kv::PacketInfo& info : reader.packets()) {
+                const kv::Packet packet = reader.read(info.id);
+                CHECK(packet.stored_length() == info.stored_length);
+            }
+        } catch (const kv::FormatError& error) {
+            message = error.what();
+        }
+        if (readable) {
+            CHECK(message.empty());
+        } else {
+            CHECK(message.find(file) != std::string::npos);
+            CHECK(message.find('\n') == std::string::npos);
+        }
+        ++files;
+    }
+    CHECK(files >= 30);
+}
+
+TEST_CASE("the corpus files hold what their generator wrote", "[cache_file]") {
+    const std::filesystem::path corpus = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache";
+    const kv::CacheReader reader(corpus / "good/0006_compressed_and_adapter.kvc");
+    CHECK(reader.model().architecture == "LlamaForCausalLM");
+    CHECK(reader.model().num_layers == 2);
+    CHECK(reader.provenance().tool == "make_kvcache_corpus.py");
+    const kv::Packet pruned = reader.read("pruned");
+    CHECK(pruned.logical_length == 10);
+    CHECK(pruned.positions == std::vector<int64_t>{0, 4, 9});
+    const kv::Packet wrapped = reader.read("wrapped");
+    CHECK(wrapped.token_ids == std::vector<int32_t>{-1, -1, 17, 18, -1, -1});
+    CHECK(wrapped.header_tokens == 2);
+    CHECK(wrapped.trailer_tokens == 2);
+    CHECK(wrapped.adapter_fingerprint.size() == 64);
+
+    const kv::CacheReader loose(corpus / "good/0008_loose_types_optional_absent.kvc");
+    CHECK(loose.model().rope_theta == 10000);
+    CHECK(loose.model().model_name.empty());
+    CHECK(loose.model().rope_scaling.empty());
+    const kv::CacheReader many(corpus / "good/0010_many_packets.kvc");
+    CHECK(many.packets().size() == 12);
+    CHECK(many.packet_info("with/slash").stored_length > 0);
+    CHECK(many.read("日本語").id == "日本語");
+}

@@ -1,0 +1,134 @@
+#include "tool.hpp"
+
+#include "kv/error.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+
+namespace kv::cli {
+namespace {
+
+// libtorch's messages carry a backtrace on the following lines; the contract is one line.
+std::string first_line(const char* message) {
+    std::string text = message ? message : "";
+    const std::size_t end = text.find('\n');
+    return end == std::string::npos ? text : text.substr(0, end);
+}
+
+void report(const std::string& name, const std::string& message) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: error: %s\n", name.c_str(), message.c_str());
+}
+
+}  // namespace
+
+void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
+    auto* model = app.add_option("-m,--model", options.model,
+                                 "Hugging Face model folder or llama2.c checkpoint file");
+    if (required) model->required();
+    app.add_option("--tokenizer", options.tokenizer,
+                   "Tokenizer override: tokenizer.json, tokenizer.model or a llama2.c tok*.bin");
+}
+
+void add_compute_options(CLI::App& app, ComputeOptions& options) {
+    app.add_option("-t,--threads", options.threads, "CPU threads (0: one per core)")
+        ->envname("KV_THREADS")
+        ->check(CLI::NonNegativeNumber)
+        ->default_val(0);
+    app.add_option("--device", options.device,
+                   "auto, cpu, cuda or cuda:N (auto: cuda when available)")
+        ->envname("KV_DEVICE")
+        ->default_val("auto");
+    app.add_option("--dtype", options.dtype,
+                   "auto, f32, bf16 or f16 (auto: the model's own; f32 for llama2.c)")
+        ->envname("KV_DTYPE")
+        ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+        ->default_val("auto");
+    app.add_flag(
+        "--mmap", options.mmap,
+        "Read weights in place from the mapped file instead of copying them (instant load, "
+        "slower decode)");
+}
+
+void add_verbosity_options(CLI::App& app, Verbosity& options) {
+    app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
+    app.add_flag("-v,--verbose", options.verbose, "More chatter on stderr");
+}
+
+Provenance provenance(const std::string& tool, int argc, char** argv) {
+    Provenance result;
+    result.tool = tool;
+    result.version = KV_VERSION;
+    for (int i = 0; i < argc; ++i) {
+        std::string argument = argv[i];
+        const bool plain =
+            !argument.empty() && argument.find_first_not_of(
+                                     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789-_./:=,+@%") == std::string::npos;
+        if (!plain) {
+            std::string escaped = "'";
+            for (char c : argument)
+                escaped += c == '\'' ? std::string("'\\''") : std::string(1, c);
+            argument = escaped + "'";
+        }
+        result.command_line += (i ? " " : "") + argument;
+    }
+    if (!std::getenv("KV_NO_TIMESTAMP")) {
+        const std::time_t now = std::time(nullptr);
+        char text[32];
+        std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+        result.created = text;
+    }
+    return result;
+}
+
+void write_stdout(std::string_view text) {
+    if (text.empty()) return;
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0)
+        throw IoError(std::string("cannot write to standard output: ") + std::strerror(errno));
+}
+
+int run_tool(const std::string& name, const std::string& description, int argc, char** argv,
+             const std::function<void(CLI::App&)>& configure, const std::function<int()>& body) {
+    std::signal(SIGPIPE, SIG_IGN);
+    CLI::App app(description, name);
+    app.set_version_flag("--version", name + " (kvtools) " KV_VERSION);
+    app.get_formatter()->column_width(34);
+    try {
+        configure(app);
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& help) {
+        return app.exit(help);
+    } catch (const CLI::CallForAllHelp& help) {
+        return app.exit(help);
+    } catch (const CLI::CallForVersion& version) {
+        return app.exit(version);
+    } catch (const CLI::ParseError& error) {
+        report(name, first_line(error.what()));
+        std::fprintf(stderr, "Try '%s --help' for more information.\n", name.c_str());
+        return 2;
+    }
+
+    int code = 1;
+    try {
+        code = body();
+    } catch (const UsageError& error) {
+        report(name, first_line(error.what()));
+        return 2;
+    } catch (const std::exception& error) {
+        report(name, first_line(error.what()));
+        return 1;
+    }
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        report(name, std::string("cannot write to standard output: ") + std::strerror(errno));
+        return 1;
+    }
+    return code;
+}
+
+}  // namespace kv::cli

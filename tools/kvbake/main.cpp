@@ -1,0 +1,108 @@
+// kvbake: bake documents into a cache file of packets.
+#include "kv/api/bake.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+#include "tool.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+    kv::cli::ModelOptions model;
+    kv::cli::ComputeOptions compute;
+    kv::cli::Verbosity verbosity;
+    kv::BakeOptions options;
+    std::string output = "-", shard;
+    bool no_bos = false, json_report = false;
+
+    auto configure = [&](CLI::App& app) {
+        kv::cli::add_model_options(app, model);
+        app.add_option("inputs", options.inputs,
+                       "Documents: text files (one document each), '-' (stdin), or .jsonl files "
+                       "with one {\"id\": ..., \"text\": ...} per line")
+            ->required();
+        app.add_option("-o,--output", output,
+                       "Output cache file ('-': standard output, the default)");
+        app.add_option("--shard", shard,
+                       "Bake only documents whose ordinal modulo N is I (0 <= I < N)")
+            ->check([](const std::string& text) {
+                std::size_t slash = text.find('/');
+                return slash == std::string::npos ? std::string("expected I/N, e.g. 0/4")
+                                                  : std::string();
+            });
+        app.add_flag("--no-bos", no_bos, "Do not start packets with the BOS token");
+        app.add_option("--batch-tokens", options.batch_tokens,
+                       "Most tokens per forward pass; shorter documents are packed together")
+            ->default_val(512)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--zstd-level", options.write.zstd_level,
+                       "zstd level of the stored tensors (0: none)")
+            ->default_val(3)
+            ->check(CLI::Range(0, 19));
+        app.add_flag("-f,--force", options.write.force,
+                     "Write binary cache data even to a terminal");
+        app.add_flag(
+            "--json", json_report,
+            "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+        kv::cli::add_compute_options(app, compute);
+        kv::cli::add_verbosity_options(app, verbosity);
+    };
+
+    auto body = [&] {
+        options.model = model.model;
+        if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
+        options.output = output;
+        options.add_bos = !no_bos;
+        options.threads = compute.threads;
+        options.device = compute.device;
+        options.dtype = compute.dtype;
+        options.use_mmap = compute.mmap;
+        if (!shard.empty()) {
+            try {
+                const std::size_t slash = shard.find('/');
+                std::size_t used_index = 0, used_count = 0;
+                options.shard_index = std::stoll(shard.substr(0, slash), &used_index);
+                options.shard_count = std::stoll(shard.substr(slash + 1), &used_count);
+                if (used_index != slash || used_count != shard.size() - slash - 1)
+                    throw std::invalid_argument(shard);
+            } catch (const std::logic_error&) {
+                throw kv::UsageError("invalid --shard '" + shard + "' (expected I/N, e.g. 0/4)");
+            }
+        }
+        options.provenance = kv::cli::provenance("kvbake", argc, argv);
+        const bool live = !verbosity.quiet && ::isatty(STDERR_FILENO);
+        if (live || verbosity.verbose)
+            options.progress = [&](const kv::BakeProgress& progress) {
+                std::fprintf(stderr, "%skvbake: %lld/%lld documents, %lld tokens, %.0f tokens/s%s",
+                             live ? "\r" : "", static_cast<long long>(progress.documents_done),
+                             static_cast<long long>(progress.documents_total),
+                             static_cast<long long>(progress.tokens_done),
+                             progress.seconds > 0 ? progress.tokens_done / progress.seconds : 0.0,
+                             live ? "" : "\n");
+            };
+        const kv::BakeReport report = kv::bake(options);
+        if (live) std::fputc('\n', stderr);
+        if (json_report) {
+            kv::json::Value value = kv::json::Value::object();
+            value.set("documents", report.documents);
+            value.set("tokens", report.tokens);
+            value.set("seconds", report.seconds);
+            value.set("tokens_per_second", report.tokens_per_second);
+            const std::string text = kv::json::dump(value, 2) + "\n";
+            if (output == "-")
+                std::fputs(text.c_str(), stderr);
+            else
+                kv::cli::write_stdout(text);
+        } else if (!verbosity.quiet)
+            std::fprintf(stderr, "kvbake: %lld documents, %lld tokens in %.2f s (%.0f tokens/s)\n",
+                         static_cast<long long>(report.documents),
+                         static_cast<long long>(report.tokens), report.seconds,
+                         report.tokens_per_second);
+        return 0;
+    };
+
+    return kv::cli::run_tool("kvbake",
+                             "Bake documents into a KV cache file, one packet per document", argc,
+                             argv, configure, body);
+}

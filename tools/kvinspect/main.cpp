@@ -1,0 +1,162 @@
+// kvinspect: show, check, compare, export and merge cache files.
+#include "kv/api/inspect.hpp"
+#include "kv/cache_file.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+#include "tool.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+const char* const subcommands[] = {"show", "check", "diff", "export", "merge"};
+
+// The command as typed, for provenance: arguments joined by spaces, single-quoted where the
+// shell would need it.
+std::string command_line(int argc, char** argv) {
+    std::string line;
+    for (int i = 0; i < argc; ++i) {
+        const std::string arg = argv[i];
+        const bool plain =
+            !arg.empty() && arg.find_first_not_of(
+                                "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                "0123456789-_./=:,+@%") == std::string::npos;
+        std::string quoted_arg = "'";
+        for (char c : arg)
+            quoted_arg += c == '\'' ? std::string("'\\''") : std::string(1, c);
+        line += (i ? " " : "") + (plain ? arg : quoted_arg + "'");
+    }
+    return line;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    // "kvinspect FILE" is "kvinspect show FILE".
+    std::vector<char*> args(argv, argv + argc);
+    static char show_name[] = "show";
+    if (argc > 1) {
+        const std::string first = argv[1];
+        bool known = first == "-h" || first == "--help" || first == "--version";
+        for (const char* name : subcommands)
+            known = known || first == name;
+        if (!known) args.insert(args.begin() + 1, show_name);
+    }
+
+    std::string show_file, diff_a, diff_b, export_input, export_to, output, packet;
+    std::vector<std::string> check_files, merge_inputs;
+    bool json = false, force = false, quiet = false;
+    double tolerance = 0;
+    int zstd_level = 3;
+    CLI::App* show = nullptr;
+    CLI::App* check = nullptr;
+    CLI::App* diff = nullptr;
+    CLI::App* exporter = nullptr;
+    CLI::App* merge = nullptr;
+
+    auto configure = [&](CLI::App& app) {
+        app.require_subcommand(1);
+        app.footer(
+            "'kvinspect FILE' is 'kvinspect show FILE'. Every FILE may be '-' (standard "
+            "input). See kvinspect(1) and kvcache(5).");
+
+        show =
+            app.add_subcommand("show", "Summarize a cache file: model, dtype, provenance, packets");
+        show->add_option("file", show_file, "Cache file ('-': standard input)")->required();
+        show->add_flag("--json", json, "Write the summary as JSON");
+
+        check = app.add_subcommand(
+            "check",
+            "Verify cache files: structure, checksums of every chunk, shapes, finite values");
+        check->add_option("files", check_files, "Cache files ('-': standard input)")->required();
+
+        diff = app.add_subcommand(
+            "diff",
+            "Compare the packets of two cache files layer by layer (exit 0 same, 1 "
+            "different, 2 error)");
+        diff->add_option("a", diff_a, "First cache file")->required();
+        diff->add_option("b", diff_b, "Second cache file")->required();
+        diff->add_option("--tol", tolerance,
+                         "Largest absolute difference still counted as equal (0: exact)")
+            ->default_val(0)
+            ->check(CLI::NonNegativeNumber);
+        diff->add_option("--packet", packet, "Compare only the packet with this id");
+        diff->add_flag("-q,--quiet", quiet, "Print nothing; only the exit code tells");
+
+        exporter = app.add_subcommand("export", "Convert a cache file to another format");
+        exporter->add_option("--to", export_to, "Output format: safetensors")
+            ->required()
+            ->check(CLI::IsMember({"safetensors"}));
+        exporter->add_option("input", export_input, "Cache file ('-': standard input)")->required();
+        exporter->add_option("-o,--output", output, "Output file ('-': standard output)")
+            ->required();
+        exporter->add_flag("--force", force, "Write binary data even to a terminal");
+
+        merge =
+            app.add_subcommand("merge", "Merge cache files (shards) into one, keeping their order");
+        merge->add_option("inputs", merge_inputs, "Cache files ('-': standard input, once)")
+            ->required();
+        merge->add_option("-o,--output", output, "Output file ('-': standard output)")->required();
+        merge->add_option("--zstd-level", zstd_level, "zstd level of the output, 0 for none")
+            ->default_val(3)
+            ->check(CLI::Range(0, 22));
+        merge->add_flag("--force", force, "Write binary data even to a terminal");
+    };
+
+    auto body = [&]() -> int {
+        if (show->parsed()) {
+            const kv::CacheReader reader(show_file);
+            kv::cli::write_stdout(json ? kv::json::dump(kv::describe_cache_json(reader), 2) + "\n"
+                                       : kv::describe_cache_text(reader));
+            return 0;
+        }
+        if (check->parsed()) {
+            int stdin_count = 0;
+            for (const std::string& file : check_files)
+                stdin_count += file == "-";
+            if (stdin_count > 1) throw kv::UsageError("standard input ('-') can be read only once");
+            bool sound = true;
+            for (const std::string& file : check_files)
+                for (const std::string& problem : kv::check_cache_file(file)) {
+                    std::fprintf(stderr, "kvinspect: %s\n", problem.c_str());
+                    sound = false;
+                }
+            return sound ? 0 : 1;
+        }
+        if (diff->parsed()) {
+            // Like cmp and h5diff: 0 same, 1 different, 2 trouble.
+            try {
+                kv::DiffOptions options;
+                options.tolerance = tolerance;
+                if (diff->count("--packet")) options.packet = packet;
+                const kv::DiffReport report = kv::diff_cache_files(diff_a, diff_b, options);
+                if (!quiet) kv::cli::write_stdout(kv::format_diff_report(report, tolerance));
+                return report.same ? 0 : 1;
+            } catch (const std::exception& error) {
+                std::string message = error.what();
+                message = message.substr(0, message.find('\n'));
+                std::fflush(stdout);
+                std::fprintf(stderr, "kvinspect: error: %s\n", message.c_str());
+                return 2;
+            }
+        }
+        if (exporter->parsed()) {
+            kv::export_safetensors(export_input, output, force);
+            return 0;
+        }
+        kv::CacheWriteOptions options;
+        options.zstd_level = zstd_level;
+        options.force = force;
+        const std::vector<std::filesystem::path> inputs(merge_inputs.begin(), merge_inputs.end());
+        kv::merge_cache_files(inputs, output,
+                              {"kvinspect", KV_VERSION, command_line(argc, argv), ""}, options);
+        return 0;
+    };
+
+    return kv::cli::run_tool("kvinspect",
+                             "Show, check, compare, export and merge kvtools cache files",
+                             static_cast<int>(args.size()), args.data(), configure, body);
+}

@@ -1,0 +1,99 @@
+// kvserve-once: one-shot decoding of a prompt.
+#include "kv/api/serve.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+#include "kv/mapped_file.hpp"
+#include "tool.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+
+int main(int argc, char** argv) {
+    kv::cli::ModelOptions model;
+    kv::cli::ComputeOptions compute;
+    kv::cli::Verbosity verbosity;
+    kv::ServeOptions options;
+    std::string prompt_file, stats_path;
+    std::vector<std::string> cache_paths;
+    uint64_t seed = 0;
+    bool no_bos = false;
+
+    auto configure = [&](CLI::App& app) {
+        kv::cli::add_model_options(app, model);
+        app.add_option("--cache", cache_paths,
+                       "Baked cache FILE or one packet FILE:ID ('-': stdin); several are packed in "
+                       "order, keys realigned")
+            ->take_all();
+        auto* prompt = app.add_option("-p,--prompt", options.prompt, "Prompt text");
+        app.add_option("-f,--prompt-file", prompt_file,
+                       "Read the prompt from a file ('-' for stdin)")
+            ->excludes(prompt);
+        app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
+            ->default_val(256)
+            ->check(CLI::NonNegativeNumber);
+        app.add_option("--temp", options.temperature,
+                       "Sampling temperature; 0 is greedy and deterministic")
+            ->default_val(0.8)
+            ->check(CLI::NonNegativeNumber);
+        app.add_option("--top-p", options.top_p,
+                       "Nucleus sampling: keep the most likely tokens up to this mass")
+            ->default_val(0.95)
+            ->check(CLI::Range(0.0, 1.0));
+        app.add_option("--seed", seed,
+                       "Random seed for sampling (default: drawn, reported by --stats)");
+        app.add_flag("--echo", options.echo, "Print the prompt before the continuation");
+        app.add_flag("--ignore-eos", options.ignore_eos, "Do not stop at end-of-generation tokens");
+        app.add_flag("--no-bos", no_bos, "Do not start the prompt with the BOS token");
+        app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
+            ->default_val(512)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--stats", stats_path,
+                       "Write timings as JSON to FILE ('-': standard error, since standard output "
+                       "carries the text)");
+        kv::cli::add_compute_options(app, compute);
+        kv::cli::add_verbosity_options(app, verbosity);
+    };
+
+    auto body = [&](CLI::App& app) {
+        options.model = model.model;
+        if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
+        options.threads = compute.threads;
+        options.device = compute.device;
+        options.dtype = compute.dtype;
+        options.use_mmap = compute.mmap;
+        options.add_bos = !no_bos;
+        if (app.count("--seed")) options.seed = seed;
+        if (!app.count("--prompt") && prompt_file.empty())
+            throw kv::UsageError("give the prompt with --prompt TEXT or --prompt-file FILE");
+        options.caches = cache_paths;
+        const auto stdin_users =
+            std::count(cache_paths.begin(), cache_paths.end(), "-") + (prompt_file == "-");
+        if (stdin_users > 1) throw kv::UsageError("standard input ('-') can be read only once");
+        if (!prompt_file.empty())
+            options.prompt = prompt_file == "-"
+                                 ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                                 : kv::read_file_text(prompt_file);
+        const kv::ServeStats stats =
+            kv::serve_once(options, [](std::string_view text) { kv::cli::write_stdout(text); });
+        kv::cli::write_stdout("\n");
+        if (!stats_path.empty()) {
+            const std::string report = kv::json::dump(kv::stats_to_json(stats), 2) + "\n";
+            if (stats_path == "-")
+                std::fputs(report.c_str(), stderr);
+            else
+                kv::write_file_atomic(stats_path, report.data(), report.size());
+        }
+        return 0;
+    };
+
+    CLI::App* app_ref = nullptr;
+    return kv::cli::run_tool(
+        "kvserve-once", "Decode a continuation of a prompt in one shot", argc, argv,
+        [&](CLI::App& app) {
+            app_ref = &app;
+            configure(app);
+        },
+        [&] { return body(*app_ref); });
+}
