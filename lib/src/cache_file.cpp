@@ -128,6 +128,14 @@ std::string packet_group_name(std::size_t ordinal) {
     return name;
 }
 
+// Physical memory: an upper bound for anything a file may ask to allocate.
+std::size_t memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return std::numeric_limits<std::size_t>::max();
+    return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+}
+
 std::string system_reason() {
     return std::strerror(errno);
 }
@@ -601,9 +609,9 @@ void check_compatible(const CacheModelInfo& expected, const CacheModelInfo& foun
                             describe_model(expected, found.model_fingerprint));
     if (found.tokenizer_fingerprint != expected.tokenizer_fingerprint)
         throw MismatchError(
-            subject + " was baked with tokenizer (fingerprint " +
+            subject + " was baked with another tokenizer (fingerprint " +
             short_fingerprint(found.tokenizer_fingerprint, expected.tokenizer_fingerprint) +
-            "), not (fingerprint " +
+            ") than the one in use (fingerprint " +
             short_fingerprint(expected.tokenizer_fingerprint, found.tokenizer_fingerprint) + ")");
     auto differ = [&](const std::string& field, const std::string& got, const std::string& want) {
         if (got != want)
@@ -615,8 +623,12 @@ void check_compatible(const CacheModelInfo& expected, const CacheModelInfo& foun
            std::to_string(expected.num_kv_heads));
     differ("head_dim", std::to_string(found.head_dim), std::to_string(expected.head_dim));
     differ("rope_layout", kv::quoted(found.rope_layout), kv::quoted(expected.rope_layout));
-    if (found.rope_theta != expected.rope_theta)
-        differ("rope_theta", std::to_string(found.rope_theta), std::to_string(expected.rope_theta));
+    auto exact = [](double value) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%.17g", value);
+        return std::string(text);
+    };
+    differ("rope_theta", exact(found.rope_theta), exact(expected.rope_theta));
     differ("rope_scaling", kv::quoted(found.rope_scaling), kv::quoted(expected.rope_scaling));
     differ("dtype", cache_dtype_name(found.dtype), cache_dtype_name(expected.dtype));
 }
@@ -640,8 +652,9 @@ struct CacheWriter::State {
     bool finished = false;
     bool broken = false;  // an HDF5 write failed midway: the file cannot be finished
 
-    void discard() {
+    void discard() {  // with the HDF5 lock held
         packets.reset();
+        key_type.reset();
         file.reset();
         if (!temporary.empty()) ::unlink(temporary.c_str());
         temporary.clear();
@@ -766,7 +779,6 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
 CacheWriter::~CacheWriter() {
     if (!state_) return;
     const Lock lock = lock_hdf5();
-    state_->key_type.reset();
     state_->discard();
 }
 
@@ -1073,6 +1085,9 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
             in.dataset_dims(ids_dataset.get(), kv::quoted("/packet_index/id"));
         if (dims.size() != 1) in.fail("'/packet_index/id' is not 1-D");
         const hsize_t count = dims[0];
+        if (count > memory_bytes() / 256)
+            in.fail("the packet index lists " + std::to_string(count) +
+                    " packets, more than this machine's memory can list");
         const std::vector<std::string> ids =
             checked.read_strings(ids_dataset.get(), true, "/packet_index/id", "");
         const std::string length_name = "'/packet_index/id'";
@@ -1179,6 +1194,9 @@ Packet CacheReader::read(const std::string& id) const {
     packet.trailer_tokens = info.trailer_tokens;
     const hsize_t length = static_cast<hsize_t>(info.stored_length);
 
+    if (info.stored_length > static_cast<int64_t>(memory_bytes() / 16))
+        in.fail("stored_length " + std::to_string(info.stored_length) +
+                " exceeds this machine's memory");
     const std::vector<int64_t> token_ids =
         in.integer_dataset(g, "token_ids", "token_ids", length, "stored_length");
     packet.token_ids.reserve(token_ids.size());
@@ -1203,6 +1221,10 @@ Packet CacheReader::read(const std::string& id) const {
     } catch (const FormatError&) {
         in.fail("stored_length " + std::to_string(info.stored_length) + " is too large");
     }
+    // A sparse or hostile file can declare more than fits; fail rather than meet the OOM killer.
+    if (bytes > memory_bytes() / 2)
+        in.fail("its keys and values need " + std::to_string(2 * bytes) +
+                " bytes, more than this machine's memory");
     for (const char* name : {"keys", "values"}) {
         Handle dataset = in.open_dataset(g, name, name);
         const std::vector<hsize_t> dims = in.dataset_dims(dataset.get(), kv::quoted(name));
@@ -1240,11 +1262,7 @@ Packet CacheReader::read(const std::string& id) const {
                     " (the file's dtype)");
         std::vector<std::byte>& target =
             std::string_view(name) == "keys" ? packet.keys : packet.values;
-        try {
-            target.resize(bytes);
-        } catch (const std::bad_alloc&) {
-            in.fail("cannot allocate " + std::to_string(bytes) + " bytes for " + kv::quoted(name));
-        }
+        target.resize(bytes);
         if (bytes > 0 &&
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));

@@ -81,11 +81,29 @@ def strings(values):
     return np.array(values, dtype=h5py.string_dtype())
 
 
+def create_file(path, libver):
+    """h5py.File(path, "w", libver=libver), without modification times, so that rerunning the
+    script rewrites identical bytes."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    bound = {"earliest": h5py.h5f.LIBVER_EARLIEST, "v110": h5py.h5f.LIBVER_V110}[libver]
+    fapl.set_libver_bounds(bound, h5py.h5f.LIBVER_V110)
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_obj_track_times(False)
+    return h5py.File(h5py.h5f.create(path.encode(), h5py.h5f.ACC_TRUNC, fapl=fapl, fcpl=fcpl))
+
+
+def create_group(parent, name):
+    gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+    gcpl.set_obj_track_times(False)
+    h5py.h5g.create(parent.id, name.encode(), gcpl=gcpl)
+    return parent[name]
+
+
 def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libver="v110",
                 root=None, model=None, provenance=None, hook=None):
     """Writes a store the way the specification describes; `root`, `model` and `provenance`
     override attributes (value None deletes one); `hook(file)` runs last, before 'complete'."""
-    with h5py.File(path, "w", libver=libver) as f:
+    with create_file(path, libver) as f:
         attributes = {"format": "kvtools-kvcache", "format_version": "1.0", "dtype": dtype,
                       "keys_after_rope": 1}
         attributes.update(root or {})
@@ -94,15 +112,15 @@ def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libv
                 f.attrs[name] = value
         for group_name, base, override in (("model", MODEL, model),
                                            ("provenance", PROVENANCE, provenance)):
-            group = f.create_group(group_name)
+            group = create_group(f, group_name)
             values = dict(base)
             values.update(override or {})
             for name, value in values.items():
                 if value is not None:
                     group.attrs[name] = value
-        f.create_group("packets")
+        create_group(f, "packets")
         for ordinal, p in enumerate(packets):
-            group = f.create_group("packets/%08d" % ordinal)
+            group = create_group(f["packets"], "%08d" % ordinal)
             for name in ("id", "text_sha256", "logical_length", "adapter_fingerprint",
                          "header_tokens", "trailer_tokens"):
                 group.attrs[name] = p[name]
@@ -130,7 +148,7 @@ def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libv
                 dataset = group.create_dataset(name, data=data, chunks=chunks, **options)
                 if dtype == "bf16":
                     dataset.attrs["dtype"] = "bf16"
-        index = f.create_group("packet_index")
+        index = create_group(f, "packet_index")
         index.create_dataset("id", data=strings([p["id"] for p in packets]))
         index.create_dataset("text_sha256", data=strings([p["text_sha256"] for p in packets]))
         index.create_dataset("adapter_fingerprint",
@@ -163,13 +181,6 @@ def flip_byte_in_chunk(path, dataset_path, at=None):
 
 def two_packets(**kwargs):
     return [packet("doc-1", 5, 1, **kwargs), packet("doc-2", 3, 2)]
-
-
-def set_attr(path, name, value):
-    def hook(f):
-        group, _, attribute = name.rpartition("/")
-        f[group or "/"].attrs[attribute] = value
-    return hook
 
 
 def main():
@@ -217,24 +228,20 @@ def main():
          "(h5py's default)",
          two_packets(), dtype="f32-big-endian", filters="gzip", libver="earliest")
 
-    def loose_types(f):
-        # Fixed-length ASCII strings, 32-bit integers, an integer rope_theta.
-        f.attrs["format"] = np.bytes_("kvtools-kvcache")
-        f.attrs["format_version"] = np.bytes_("1.0")
-        f["model"].attrs["num_layers"] = np.int32(LAYERS)
-        f["model"].attrs["rope_theta"] = np.int32(10000)
-        f["model"].attrs["architecture"] = np.bytes_("LlamaForCausalLM")
-        f["packets/00000000"].attrs["stored_length"] = np.uint16(5)
+    # Fixed-length ASCII strings, 32-bit integers, an integer rope_theta, optional ones absent.
     good("0008_loose_types_optional_absent",
-         "fixed-length ASCII strings, 32-bit and unsigned integers, integer rope_theta; the "
-         "optional model name, rope_scaling and created absent",
-         two_packets(), model={"name": None, "rope_scaling": None}, hook=loose_types)
+         "fixed-length ASCII strings, 32-bit integers, integer rope_theta; the optional model "
+         "name, rope_scaling and created absent",
+         two_packets(),
+         root={"format": np.bytes_("kvtools-kvcache"), "format_version": np.bytes_("1.0")},
+         model={"name": None, "rope_scaling": None, "num_layers": np.int32(LAYERS),
+                "rope_theta": np.int32(10000), "architecture": np.bytes_("LlamaForCausalLM")})
 
     def extensions(f):
         f.attrs["x_experiment"] = "ignored"
         f.attrs["some_future_attribute"] = 42
         f["packets/00000000"].attrs["x_note"] = "ignored"
-        f.create_group("x_scratch").create_dataset("junk", data=np.arange(3))
+        create_group(f, "x_scratch").create_dataset("junk", data=np.arange(3))
         f["packets/00000001"].create_dataset("x_extra", data=np.arange(3))
     good("0009_future_minor_and_extensions",
          "format_version 1.7 with unknown attributes, x_ attributes, datasets and groups, "
@@ -354,16 +361,17 @@ def main():
 
 
 def write_store_without_fletcher(path, packets):
-    with h5py.File(path, "w", libver="v110") as f:
+    with create_file(path, "v110") as f:
         for name, value in {"format": "kvtools-kvcache", "format_version": "1.0",
                             "dtype": "f32", "keys_after_rope": 1}.items():
             f.attrs[name] = value
         for group_name, values in (("model", MODEL), ("provenance", PROVENANCE)):
-            group = f.create_group(group_name)
+            group = create_group(f, group_name)
             for name, value in values.items():
                 group.attrs[name] = value
+        create_group(f, "packets")
         for ordinal, p in enumerate(packets):
-            group = f.create_group("packets/%08d" % ordinal)
+            group = create_group(f["packets"], "%08d" % ordinal)
             for name in ("id", "text_sha256", "logical_length", "adapter_fingerprint",
                          "header_tokens", "trailer_tokens"):
                 group.attrs[name] = p[name]
@@ -373,7 +381,7 @@ def write_store_without_fletcher(path, packets):
             for name in ("keys", "values"):
                 group.create_dataset(name, data=p[name], chunks=(1, 1, 64, DIM),
                                      compression=ZSTD, compression_opts=(3,))
-        index = f.create_group("packet_index")
+        index = create_group(f, "packet_index")
         index.create_dataset("id", data=strings([p["id"] for p in packets]))
         index.create_dataset("text_sha256", data=strings([p["text_sha256"] for p in packets]))
         index.create_dataset("adapter_fingerprint",

@@ -272,8 +272,8 @@ TEST_CASE("check_compatible names both fingerprints", "[cache_file]") {
     found = test_model();
     found.tokenizer_fingerprint = std::string(64, 'e');
     CHECK(error_of([&] { kv::check_compatible(expected, found, "a.kvc"); }) ==
-          "cache 'a.kvc' was baked with tokenizer (fingerprint eeeeeeeeeeee), not (fingerprint "
-          "bbbbbbbbbbbb)");
+          "cache 'a.kvc' was baked with another tokenizer (fingerprint eeeeeeeeeeee) than the one "
+          "in use (fingerprint bbbbbbbbbbbb)");
     found = test_model(kv::CacheDtype::bf16);
     CHECK(error_of([&] { kv::check_compatible(expected, found, "'a.kvc'"); }) ==
           "cache 'a.kvc' has dtype bf16, expected f32");
