@@ -1309,4 +1309,12 @@ void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
     writer.finish();
 }
 
+CacheSelection parse_cache_selection(const std::string& spec) {
+    const std::size_t colon = spec.rfind(':');
+    if (spec != "-" && colon != std::string::npos && colon > 0 &&
+        !std::filesystem::exists(spec) && std::filesystem::exists(spec.substr(0, colon)))
+        return {spec.substr(0, colon), spec.substr(colon + 1)};
+    return {spec, ""};
+}
+
 }  // namespace kv

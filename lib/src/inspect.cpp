@@ -1,5 +1,6 @@
 #include "kv/api/inspect.hpp"
 
+#include "float_convert.hpp"
 #include "kv/error.hpp"
 
 #include <fcntl.h>
@@ -38,44 +39,6 @@ std::string printable(const std::string& text) {
 
 std::string quoted_id(const std::string& id) {
     return kv::quoted(printable(id));
-}
-
-float half_to_float(uint16_t bits) {
-    const uint32_t sign = static_cast<uint32_t>(bits & 0x8000) << 16;
-    const uint32_t exponent = (bits >> 10) & 0x1f;
-    const uint32_t mantissa = bits & 0x3ff;
-    uint32_t result;
-    if (exponent == 0) {
-        const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);  // subnormal or 0
-        return sign ? -magnitude : magnitude;
-    } else if (exponent == 31) {
-        result = sign | 0x7f800000u | (mantissa << 13);
-    } else {
-        result = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    }
-    float value;
-    std::memcpy(&value, &result, 4);
-    return value;
-}
-
-std::vector<float> to_float(const std::vector<std::byte>& bytes, CacheDtype dtype) {
-    const std::size_t count = bytes.size() / cache_dtype_size(dtype);
-    std::vector<float> values(count);
-    if (dtype == CacheDtype::f32) {
-        std::memcpy(values.data(), bytes.data(), bytes.size());
-        return values;
-    }
-    for (std::size_t i = 0; i < count; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, bytes.data() + 2 * i, 2);
-        if (dtype == CacheDtype::bf16) {
-            const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-            std::memcpy(&values[i], &wide, 4);
-        } else {
-            values[i] = half_to_float(bits);
-        }
-    }
-    return values;
 }
 
 json::Value packet_info_json(const PacketInfo& info) {

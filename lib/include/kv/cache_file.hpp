@@ -141,6 +141,14 @@ class CacheReader {
     std::unique_ptr<State> state_;
 };
 
+/// A cache argument as users write it: FILE (every packet, in file order) or FILE:ID (one packet),
+/// "-" for standard input. FILE:ID names one packet unless FILE:ID is itself an existing file.
+struct CacheSelection {
+    std::filesystem::path file;
+    std::string id;  ///< empty: every packet
+};
+CacheSelection parse_cache_selection(const std::string& spec);
+
 /// Merges stores baked separately (shards of one kvbake run, say) into `output`: the packets of
 /// every input, inputs in the order given and packets in file order, tensors copied exactly.
 /// Throws MismatchError naming both files when two inputs differ in model information

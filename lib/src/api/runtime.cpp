@@ -3,6 +3,7 @@
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "kv/model/packets.hpp"
+#include "kv/rope.hpp"
 
 namespace kv {
 namespace {
@@ -15,19 +16,6 @@ std::filesystem::path tokenizer_path_for(const RuntimeOptions& options) {
     throw UsageError(
         "model " + kv::quoted(options.model.string()) +
         " is a llama2.c checkpoint: name its tokenizer with --tokenizer (e.g. tok512.bin)");
-}
-
-std::string rope_scaling_json(const RopeScaling& scaling) {
-    if (scaling.type == RopeScalingType::none) return "";
-    json::Value value = json::Value::object();
-    value.set("type", scaling.type == RopeScalingType::llama3 ? "llama3" : "linear");
-    value.set("factor", scaling.factor);
-    if (scaling.type == RopeScalingType::llama3) {
-        value.set("low_freq_factor", scaling.low_freq_factor);
-        value.set("high_freq_factor", scaling.high_freq_factor);
-        value.set("original_max_position_embeddings", scaling.original_max_position_embeddings);
-    }
-    return json::dump(value);
 }
 
 }  // namespace
@@ -50,7 +38,7 @@ Runtime load_runtime(const RuntimeOptions& options) {
     info.head_dim = config.head_dim;
     info.rope_layout = config.rope_layout == RopeLayout::interleaved ? "interleaved" : "half_split";
     info.rope_theta = config.rope_theta;
-    info.rope_scaling = rope_scaling_json(config.rope_scaling);
+    info.rope_scaling = rope_scaling_to_json(config.rope_scaling);
     info.tokenizer_fingerprint = runtime.tokenizer->fingerprint();
     info.dtype = cache_dtype(runtime.model->dtype());
     return runtime;

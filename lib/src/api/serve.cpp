@@ -61,14 +61,9 @@ ServeStats serve_once(const ServeOptions& options,
     // Baked packets first, in order, each realigned to follow the previous one. A context that
     // does not start with BOS gets it prefilled in front (the "preamble" of KV Packet).
     for (const std::string& spec : options.caches) {
-        // FILE:ID names one packet, unless FILE:ID is itself an existing file.
-        std::string path = spec, only_id;
-        const std::size_t colon = spec.rfind(':');
-        if (spec != "-" && colon != std::string::npos && colon > 0 &&
-            !std::filesystem::exists(spec) && std::filesystem::exists(spec.substr(0, colon))) {
-            path = spec.substr(0, colon);
-            only_id = spec.substr(colon + 1);
-        }
+        const CacheSelection selection = parse_cache_selection(spec);
+        const std::filesystem::path& path = selection.file;
+        const std::string& only_id = selection.id;
         auto read_start = Clock::now();
         const CacheReader reader(path);
         stats.cache_load_seconds += seconds_since(read_start);

@@ -224,50 +224,65 @@ torch::Tensor Model::embed(std::span<const int32_t> tokens) const {
     return embed_tokens_.index_select(0, ids);
 }
 
-torch::Tensor Model::attention_block(const Layer& layer, int64_t index, const torch::Tensor& x,
-                                     const torch::Tensor& positions, KvCache& cache,
-                                     const torch::Tensor& allow) const {
+Model::Projected Model::project(const Layer& layer, const torch::Tensor& x,
+                                const torch::Tensor& positions) const {
     const int64_t tokens = x.size(0), head_dim = config_.head_dim;
+    const torch::Tensor normed = rms_norm(x, layer.attention_norm, config_.rms_norm_eps);
     // [T, H*D] -> [H, T, D]
     auto heads = [&](const torch::Tensor& projected, int64_t count) {
         return projected.view({tokens, count, head_dim}).transpose(0, 1);
     };
-    torch::Tensor q = heads(kv::linear(x, layer.q_proj, layer.q_bias), config_.num_heads);
-    torch::Tensor k = heads(kv::linear(x, layer.k_proj, layer.k_bias), config_.num_kv_heads);
-    torch::Tensor v = heads(kv::linear(x, layer.v_proj, layer.v_bias), config_.num_kv_heads);
+    torch::Tensor q = heads(kv::linear(normed, layer.q_proj, layer.q_bias), config_.num_heads);
+    torch::Tensor k = heads(kv::linear(normed, layer.k_proj, layer.k_bias), config_.num_kv_heads);
+    torch::Tensor v = heads(kv::linear(normed, layer.v_proj, layer.v_bias), config_.num_kv_heads);
     if (config_.qk_norm) {
         q = rms_norm(q, layer.q_norm, config_.rms_norm_eps);
         k = rms_norm(k, layer.k_norm, config_.rms_norm_eps);
     }
-    q = rope_.apply(q, positions);
-    k = rope_.apply(k, positions);
-    cache.write(index, k, v);
+    return {rope_.apply(q, positions), rope_.apply(k, positions), v};
+}
 
-    AttentionMask mask{positions, cache.positions(), config_.sliding_window, allow};
-    const torch::Tensor attended = attention(q, cache.keys(index), cache.values(index), mask,
-                                             1.0 / std::sqrt(static_cast<double>(head_dim)));
-    return kv::linear(attended.transpose(0, 1).reshape({tokens, config_.num_heads * head_dim}),
-                      layer.o_proj);
+torch::Tensor Model::attend(const Layer& layer, const torch::Tensor& queries,
+                            const torch::Tensor& keys, const torch::Tensor& values,
+                            const AttentionMask& mask) const {
+    const int64_t tokens = queries.size(1);
+    const torch::Tensor attended =
+        attention(queries, keys, values, mask,
+                  1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+    return kv::linear(
+        attended.transpose(0, 1).reshape({tokens, config_.num_heads * config_.head_dim}),
+        layer.o_proj);
+}
+
+torch::Tensor Model::mlp_block(const Layer& layer, const torch::Tensor& x) const {
+    const torch::Tensor normed = rms_norm(x, layer.mlp_norm, config_.rms_norm_eps);
+    return kv::linear(
+        swiglu(kv::linear(normed, layer.gate_proj), kv::linear(normed, layer.up_proj)),
+        layer.down_proj);
+}
+
+torch::Tensor Model::check_embeddings(const torch::Tensor& embeddings) const {
+    if (embeddings.dim() != 2 || embeddings.size(1) != config_.hidden_size)
+        throw Error("forward: embeddings must be [tokens, " + std::to_string(config_.hidden_size) +
+                    "]");
+    return embeddings.to(device_, dtype_);
 }
 
 torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
                              KvCache& cache, const torch::Tensor& allow) const {
-    if (embeddings.dim() != 2 || embeddings.size(1) != config_.hidden_size)
-        throw Error("forward: embeddings must be [tokens, " + std::to_string(config_.hidden_size) +
-                    "]");
+    torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
     cache.begin_append(positions_here);
     try {
-        torch::Tensor x = embeddings.to(dtype_);
         for (std::size_t i = 0; i < layers_.size(); ++i) {
             const Layer& layer = layers_[i];
-            x = x + attention_block(layer, static_cast<int64_t>(i),
-                                    rms_norm(x, layer.attention_norm, config_.rms_norm_eps),
-                                    positions_here, cache, allow);
-            const torch::Tensor normed = rms_norm(x, layer.mlp_norm, config_.rms_norm_eps);
-            x = x + kv::linear(swiglu(kv::linear(normed, layer.gate_proj),
-                                      kv::linear(normed, layer.up_proj)),
-                               layer.down_proj);
+            const int64_t index = static_cast<int64_t>(i);
+            const Projected projected = project(layer, x, positions_here);
+            cache.write(index, projected.keys, projected.values);
+            const AttentionMask mask{positions_here, cache.positions(), config_.sliding_window,
+                                     allow};
+            x = x + attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);
+            x = x + mlp_block(layer, x);
         }
         cache.commit();
         return rms_norm(x, final_norm_, config_.rms_norm_eps);
@@ -275,6 +290,24 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
         cache.rollback();
         throw;
     }
+}
+
+torch::Tensor Model::forward_sequence(
+    const torch::Tensor& embeddings, const torch::Tensor& positions, const torch::Tensor& allow,
+    std::vector<std::pair<torch::Tensor, torch::Tensor>>* keys_values) const {
+    torch::Tensor x = check_embeddings(embeddings);
+    const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
+    if (positions_here.dim() != 1 || positions_here.size(0) != x.size(0))
+        throw Error("forward_sequence: positions must be [tokens]");
+    const AttentionMask mask{positions_here, positions_here, config_.sliding_window, allow};
+    if (keys_values) keys_values->clear();
+    for (const Layer& layer : layers_) {
+        const Projected projected = project(layer, x, positions_here);
+        if (keys_values) keys_values->emplace_back(projected.keys, projected.values);
+        x = x + attend(layer, projected.queries, projected.keys, projected.values, mask);
+        x = x + mlp_block(layer, x);
+    }
+    return rms_norm(x, final_norm_, config_.rms_norm_eps);
 }
 
 torch::Tensor Model::logits(const torch::Tensor& hidden) const {

@@ -90,6 +90,19 @@ class Model {
     torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
                           KvCache& cache, const torch::Tensor& allow = {}) const;
 
+    /// The same computation as forward() over one whole sequence and no cache, built only from
+    /// differentiable libtorch operations: gradients reach the embeddings (kvtrain's adapters) and
+    /// any weight that requires them (the demo model's trainer). `allow` [T, T] (optional) further
+    /// restricts attention, e.g. block-diagonal for packets. When `keys_values` is given it receives
+    /// each layer's post-RoPE keys and values [Hkv, T, D].
+    torch::Tensor forward_sequence(
+        const torch::Tensor& embeddings, const torch::Tensor& positions,
+        const torch::Tensor& allow = {},
+        std::vector<std::pair<torch::Tensor, torch::Tensor>>* keys_values = nullptr) const;
+
+    /// The input embedding matrix [vocab, hidden] in the compute dtype.
+    const torch::Tensor& input_embeddings() const { return embed_tokens_; }
+
     /// hidden [T, hidden] to logits [T, vocab] in float32.
     torch::Tensor logits(const torch::Tensor& hidden) const;
 
@@ -106,9 +119,16 @@ class Model {
         torch::Tensor mlp_norm, gate_proj, up_proj, down_proj;
     };
     Model(const ModelConfig& config) : config_(config), rope_(config) {}
-    torch::Tensor attention_block(const Layer& layer, int64_t index, const torch::Tensor& x,
-                                  const torch::Tensor& positions, KvCache& cache,
-                                  const torch::Tensor& allow) const;
+    struct Projected {
+        torch::Tensor queries, keys, values;  // [H, T, D], keys after RoPE
+    };
+    Projected project(const Layer& layer, const torch::Tensor& x,
+                      const torch::Tensor& positions) const;
+    torch::Tensor attend(const Layer& layer, const torch::Tensor& queries,
+                         const torch::Tensor& keys, const torch::Tensor& values,
+                         const AttentionMask& mask) const;
+    torch::Tensor mlp_block(const Layer& layer, const torch::Tensor& x) const;
+    torch::Tensor check_embeddings(const torch::Tensor& embeddings) const;
 
     ModelConfig config_;
     Rope rope_;

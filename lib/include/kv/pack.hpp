@@ -1,0 +1,52 @@
+// Packing: packets concatenated in order into one context cache, each packet's keys rotated by
+// its offset in the context (kvpack). Needs no model: the RoPE settings come from the files, and
+// rotation is all that changes (values are copied as they are).
+#pragma once
+
+#include "kv/cache_file.hpp"
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+struct PackOptions {
+    std::vector<CacheSelection> inputs;      ///< in context order; at most one file may be "-"
+    std::optional<CacheSelection> preamble;  ///< packed first (e.g. a baked chat-template start)
+    std::filesystem::path output = "-";
+    std::string id = "context";  ///< the packed packet's id
+    Provenance provenance;
+    CacheWriteOptions write;
+};
+
+struct PackPart {
+    std::string file;  ///< as given
+    std::string id;
+    int64_t offset = 0;  ///< first logical position of the part in the context
+    int64_t logical_length = 0;
+    int64_t stored_length = 0;
+};
+
+struct PackReport {
+    std::vector<PackPart> parts;
+    int64_t logical_length = 0;
+    int64_t stored_length = 0;
+    int64_t bytes_read = 0;  ///< keys and values
+    double seconds = 0;
+};
+
+/// Concatenates `packets` (all from caches compatible with `model`) into one packet named `id`:
+/// token ids and values in order, positions shifted by the running logical offset, keys rotated
+/// by it. Packets keep their position gaps (compressed packets), so logical length adds up.
+/// Packets baked with different adapters are refused (MismatchError).
+Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& model,
+                    const std::string& id);
+
+/// Reads the selections, packs them and writes the context cache atomically. Throws
+/// MismatchError naming both files when inputs come from different models, tokenizers or dtypes;
+/// nothing is written then.
+PackReport pack_caches(const PackOptions& options);
+
+}  // namespace kv

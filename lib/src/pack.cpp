@@ -1,0 +1,134 @@
+#include "kv/pack.hpp"
+
+#include "kv/error.hpp"
+#include "kv/rope.hpp"
+#include "kv/sha256.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+
+namespace kv {
+
+Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& model,
+                    const std::string& id) {
+    if (packets.empty()) throw UsageError("nothing to pack: no packets");
+    const RopeSettings rope = rope_settings(model);
+    const std::size_t element = cache_dtype_size(model.dtype);
+    const std::size_t planes = static_cast<std::size_t>(model.num_layers * model.num_kv_heads);
+    const std::size_t row_bytes = static_cast<std::size_t>(model.head_dim) * element;
+
+    Packet out;
+    out.id = id;
+    int64_t total_stored = 0;
+    for (const Packet& packet : packets) {
+        const std::size_t expected =
+            planes * static_cast<std::size_t>(packet.stored_length()) * row_bytes;
+        if (packet.keys.size() != expected || packet.values.size() != expected)
+            throw FormatError("packet " + kv::quoted(packet.id) + " holds " +
+                              std::to_string(packet.keys.size()) + " bytes of keys, its shape needs " +
+                              std::to_string(expected));
+        if (packet.positions.size() != packet.token_ids.size())
+            throw FormatError("packet " + kv::quoted(packet.id) + " has " +
+                              std::to_string(packet.positions.size()) + " positions for " +
+                              std::to_string(packet.token_ids.size()) + " tokens");
+        if (!packet.adapter_fingerprint.empty()) {
+            if (!out.adapter_fingerprint.empty() &&
+                out.adapter_fingerprint != packet.adapter_fingerprint)
+                throw MismatchError("packet " + kv::quoted(packet.id) +
+                                    " was baked with adapter " +
+                                    packet.adapter_fingerprint.substr(0, 12) +
+                                    ", an earlier packet with " +
+                                    out.adapter_fingerprint.substr(0, 12) +
+                                    ": packets of one context must share their adapter");
+            out.adapter_fingerprint = packet.adapter_fingerprint;
+        }
+        total_stored += packet.stored_length();
+    }
+    const std::size_t total_bytes = planes * static_cast<std::size_t>(total_stored) * row_bytes;
+    out.keys.resize(total_bytes);
+    out.values.resize(total_bytes);
+
+    Sha256 parts_hash;
+    parts_hash.update("kvpack-v1\n");
+    int64_t offset = 0, stored_offset = 0;
+    for (const Packet& packet : packets) {
+        const std::size_t rows = static_cast<std::size_t>(packet.stored_length());
+        std::vector<std::byte> keys = packet.keys;
+        rotate_keys(keys.data(), model.dtype, planes * rows, rope, offset);
+        // [L, H, S, D] per packet into [L, H, S_total, D]: one copy per (layer, kv head).
+        for (std::size_t plane = 0; plane < planes; ++plane) {
+            const std::size_t from = plane * rows * row_bytes;
+            const std::size_t to =
+                (plane * static_cast<std::size_t>(total_stored) +
+                 static_cast<std::size_t>(stored_offset)) * row_bytes;
+            std::memcpy(out.keys.data() + to, keys.data() + from, rows * row_bytes);
+            std::memcpy(out.values.data() + to, packet.values.data() + from, rows * row_bytes);
+        }
+        out.token_ids.insert(out.token_ids.end(), packet.token_ids.begin(), packet.token_ids.end());
+        for (int64_t position : packet.positions)
+            out.positions.push_back(position + offset);
+        parts_hash.update(packet.text_sha256 + "\n");
+        offset += packet.logical_length;
+        stored_offset += packet.stored_length();
+    }
+    out.logical_length = offset;
+    out.text_sha256 = parts_hash.hex();
+    return out;
+}
+
+PackReport pack_caches(const PackOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<CacheSelection> selections;
+    if (options.preamble) selections.push_back(*options.preamble);
+    selections.insert(selections.end(), options.inputs.begin(), options.inputs.end());
+    if (options.inputs.empty()) throw UsageError("nothing to pack: give at least one input");
+    int stdin_inputs = 0;
+    for (const CacheSelection& selection : selections)
+        stdin_inputs += selection.file == "-";
+    if (stdin_inputs > 1) throw UsageError("standard input ('-') can be read only once");
+
+    // Each file is opened once, whatever number of its packets are named.
+    std::map<std::filesystem::path, std::unique_ptr<CacheReader>> readers;
+    const CacheReader* first = nullptr;
+    PackReport report;
+    std::vector<Packet> packets;
+    for (const CacheSelection& selection : selections) {
+        auto& reader = readers[selection.file];
+        if (!reader) {
+            reader = std::make_unique<CacheReader>(selection.file);
+            if (!first)
+                first = reader.get();
+            else
+                check_compatible(first->model(), reader->model(), reader->source());
+        }
+        std::vector<std::string> ids;
+        if (selection.id.empty()) {
+            for (const PacketInfo& info : reader->packets())
+                ids.push_back(info.id);
+            if (ids.empty()) throw FormatError(reader->source() + " holds no packet");
+        } else {
+            ids.push_back(reader->packet_info(selection.id).id);
+        }
+        for (const std::string& id : ids) {
+            packets.push_back(reader->read(id));
+            const Packet& packet = packets.back();
+            report.parts.push_back({selection.file.string(), id, report.logical_length,
+                                    packet.logical_length, packet.stored_length()});
+            report.logical_length += packet.logical_length;
+            report.stored_length += packet.stored_length();
+            report.bytes_read += static_cast<int64_t>(packet.keys.size() + packet.values.size());
+        }
+    }
+    const Packet context = pack_packets(packets, first->model(), options.id);
+    packets.clear();
+    CacheWriter writer(options.output, first->model(), options.provenance, options.write);
+    writer.add(context);
+    writer.finish();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return report;
+}
+
+}  // namespace kv
