@@ -8,7 +8,7 @@ Standard library only. Every generator is deterministic for a given --seed.
     kvtasks.py bios      --tokens 2048 [--documents 8] [--count 50]     biographies, one attribute asked
     kvtasks.py twohop    --tokens 2048 [--documents 8] [--count 50]     two facts in two documents
     kvtasks.py niah      --tokens 2048 [--documents 8] [--count 50]     needles in separate documents
-    kvtasks.py train     --tokens 2048 --count N                        the demo model's training text
+    kvtasks.py train     --tokens 2048 --count N [--kinds K,...]        the demo model's training text
     kvtasks.py score     PREDICTIONS.jsonl [--gold TASKS.jsonl]         exact match and micro-F1
 
 Task lines are {"id", "task", "documents": [...], "question", "answer", "context_tokens", ...}:
@@ -300,9 +300,20 @@ def finish(task, counter, index, tokens):
 CONTEXT_WEIGHT = 0.05
 
 
-def training_sample(rng, counter, tokens):
-    kind = rng.choices(["passkey", "multikey", "bios", "twohop", "niah", "mixed"],
-                       [1, 2, 3, 3, 2, 3])[0]
+TRAINING_KINDS = {"passkey": 2, "multikey": 2, "bios": 3, "twohop": 3, "niah": 2, "mixed": 3,
+                  "repeat": 3, "copy": 0, "recall": 0}
+
+
+def training_sample(rng, counter, tokens, kinds=None):
+    """One training sequence of about `tokens` tokens, of a kind drawn from `kinds` (default: the
+    task mixture; "copy" only when asked for, as the curriculum's first phase)."""
+    if kinds is None:
+        kinds = [k for k, w in TRAINING_KINDS.items() if w > 0]
+    kind = rng.choices(kinds, [TRAINING_KINDS[k] or 1 for k in kinds])[0]
+    if kind == "copy":
+        return copy_sample(rng, counter, tokens)
+    if kind == "recall":
+        return recall_sample(rng, counter, tokens)
     if kind == "passkey":
         task = make_passkey(rng, counter, tokens, rng.random())
     elif kind == "multikey":
@@ -313,8 +324,10 @@ def training_sample(rng, counter, tokens):
         task = make_twohop(rng, counter, tokens, 2 * rng.randint(1, 8))
     elif kind == "niah":
         task = make_niah(rng, counter, tokens, rng.randint(2, 16))
-    else:
+    elif kind == "mixed":
         return mixed_sample(rng, counter, tokens)
+    else:
+        return repeat_sample(rng, counter, tokens)
     segments = [[d, CONTEXT_WEIGHT] for d in task["documents"]]
     segments.append([task["question"], CONTEXT_WEIGHT])
     # The answer as the model should produce it, then a newline that ends generation.
@@ -323,6 +336,80 @@ def training_sample(rng, counter, tokens):
     else:
         segments.append([" " + task["answer"] + ".\n", 1.0])
     return {"kind": kind, "segments": segments}
+
+
+def repeat_sample(rng, counter, tokens):
+    """A random list stated once and repeated later, every repeated token a target: the densest
+    signal for the copying (induction) circuit that all retrieval here is built on."""
+    pools = [FIRST_NAMES, LAST_NAMES, CITIES, COLOURS, JOBS]
+    items = []
+    for _ in range(rng.randint(4, 16)):
+        roll = rng.random()
+        if roll < 0.4:
+            items.append(digits(rng, rng.randint(2, 7)))
+        else:
+            items.append(rng.choice(rng.choice(pools)))
+    listing = ", ".join(items)
+    before = rng.randint(0, max(0, tokens // 2))
+    between = rng.randint(0, max(0, tokens - before - 2 * counter.count(listing) - 20))
+    segments = []
+    if before > 8:
+        segments.append([fill_line(rng, counter, [], before, filler_sentence), CONTEXT_WEIGHT])
+    segments.append([f"Remember this list: {listing}.\n", CONTEXT_WEIGHT])
+    if between > 8:
+        segments.append([fill_line(rng, counter, [], between, filler_sentence), CONTEXT_WEIGHT])
+    segments.append(["Question: What was the list? Answer: The list was", CONTEXT_WEIGHT])
+    segments.append([" " + listing + ".\n", 1.0])
+    return {"kind": "repeat", "segments": segments}
+
+
+def copy_sample(rng, counter, tokens):
+    """Lists stated and restated at random distances, every restated token a target. Copying is
+    what every retrieval task here is built on, and a small model trained only on the tasks,
+    whose answers are a few tokens per sequence, takes thousands of steps to discover it (the
+    induction-head phase change); this dense signal brings it within a few hundred."""
+    pools = [FIRST_NAMES, LAST_NAMES, CITIES, COLOURS, JOBS]
+    segments = []
+    used = 0
+    while used < tokens:
+        items = [digits(rng, rng.randint(2, 7)) if rng.random() < 0.3
+                 else rng.choice(rng.choice(pools)) for _ in range(rng.randint(4, 16))]
+        listing = " ".join(items)
+        stated = f"Remember: {listing}.\n"
+        segments.append([stated, CONTEXT_WEIGHT])
+        used += counter.count(stated)
+        gap = rng.randint(0, max(0, (tokens - used) // 3))
+        if gap > 8:
+            text = fill_line(rng, counter, [], gap, filler_sentence)
+            segments.append([text, CONTEXT_WEIGHT])
+            used += counter.count(text)
+        segments.append(["Again:", CONTEXT_WEIGHT])
+        segments.append([" " + listing + ".\n", 1.0])
+        used += counter.count(" " + listing + ".\n") + 2
+    return {"kind": "copy", "segments": segments}
+
+
+def recall_sample(rng, counter, tokens):
+    """Associative recall: pairs stated once, then asked for by their key in another order,
+    every answer a target. Finding a fact by its key, not by position, is the circuit behind
+    multikey, biographies and two-hop; this teaches it densely, in short sequences."""
+    pools = [CITIES, COLOURS, JOBS]
+    segments = []
+    used = 0
+    while used < tokens:
+        names = rng.sample(FIRST_NAMES, rng.randint(3, 8))
+        values = [digits(rng, rng.randint(2, 5)) if rng.random() < 0.5
+                  else rng.choice(rng.choice(pools)) for _ in names]
+        facts = "Facts: " + ", ".join(f"{n} {v}" for n, v in zip(names, values)) + ".\n"
+        segments.append([facts, CONTEXT_WEIGHT])
+        used += counter.count(facts)
+        order = list(range(len(names)))
+        rng.shuffle(order)
+        for i in order[:rng.randint(2, len(names))]:
+            segments.append([f"{names[i]} is", CONTEXT_WEIGHT])
+            segments.append([f" {values[i]}.\n", 1.0])
+            used += counter.count(f"{names[i]} is {values[i]}.\n")
+    return {"kind": "recall", "segments": segments}
 
 
 def mixed_sample(rng, counter, tokens):
@@ -413,6 +500,8 @@ def main():
     generators["multikey"].add_argument("--keys", type=int, default=4)
     for name in ("bios", "twohop", "niah"):
         generators[name].add_argument("--documents", type=int, default=8)
+    generators["train"].add_argument(
+        "--kinds", help="comma-separated kinds of sequence (default: the task mixture; also copy)")
     p = sub.add_parser("score", help="exact match and micro-F1 of predictions")
     p.add_argument("predictions", help='JSONL with "prediction" and "answer" (or --gold)')
     p.add_argument("--gold", help="task JSONL whose answers match the predictions by id")
@@ -450,7 +539,12 @@ def main():
                                     index, args.tokens))
                 index += 1
     elif args.command == "train":
-        items = (training_sample(rng, counter, args.tokens) for _ in range(args.count))
+        kinds = args.kinds.split(",") if args.kinds else None
+        unknown = sorted(set(kinds or []) - set(TRAINING_KINDS))
+        if unknown:
+            parser.error(f"unknown training kind {unknown[0]!r} (known: "
+                         f"{', '.join(TRAINING_KINDS)})")
+        items = (training_sample(rng, counter, args.tokens, kinds) for _ in range(args.count))
     else:
         make = {"multikey": lambda: make_multikey(rng, counter, args.tokens, args.keys),
                 "bios": lambda: make_bios(rng, counter, args.tokens, args.documents),

@@ -36,7 +36,7 @@ namespace {
 
 constexpr const char* format_name = "kvtools-kvcache";
 constexpr int format_major = 1;
-constexpr int format_minor = 0;
+constexpr int format_minor = 1;  // written only when a packet has an index (6.5)
 constexpr int64_t max_1d_chunk = 65536;
 /// Features this reader implements (none yet beyond version 1.0 itself).
 const std::set<std::string> known_features = {};
@@ -348,6 +348,35 @@ class FileReader {
         return values;
     }
 
+    // A numeric dataset of the given shape (0: any extent), read as T through `memory_type`.
+    template <typename T>
+    std::vector<T> numeric_dataset(hid_t parent, const std::string& name, const std::string& what,
+                                   const std::vector<hsize_t>& shape, hid_t memory_type,
+                                   std::vector<hsize_t>* dims_out = nullptr) const {
+        Handle dataset = open_dataset(parent, name, what);
+        const std::vector<hsize_t> dims = dataset_dims(dataset.get(), kv::quoted(what));
+        bool matches = dims.size() == shape.size();
+        for (std::size_t i = 0; matches && i < dims.size(); ++i)
+            matches = shape[i] == 0 || shape[i] == dims[i];
+        if (!matches)
+            fail(kv::quoted(what) + " has shape " + shape_text(dims) + ", expected " +
+                 shape_text(shape));
+        Handle type(H5Dget_type(dataset.get()), H5Tclose);
+        const H5T_class_t type_class = H5Tget_class(type.get());
+        if (type_class != H5T_INTEGER && type_class != H5T_FLOAT)
+            fail(kv::quoted(what) + " is not numeric");
+        std::size_t count = 1;
+        for (hsize_t dim : dims)
+            count *= static_cast<std::size_t>(dim);
+        if (count > memory_bytes() / (4 * sizeof(T))) fail(kv::quoted(what) + " is too large");
+        std::vector<T> values(count);
+        if (count > 0 &&
+            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+            fail_hdf5("cannot read " + kv::quoted(what));
+        if (dims_out) *dims_out = dims;
+        return values;
+    }
+
     std::vector<std::string> string_dataset(hid_t parent, const std::string& name,
                                             const std::string& what, hsize_t length,
                                             const std::string& length_name) const {
@@ -651,6 +680,7 @@ struct CacheWriter::State {
     std::unordered_set<std::string> ids;
     bool finished = false;
     bool broken = false;  // an HDF5 write failed midway: the file cannot be finished
+    bool has_index = false;
 
     void discard() {  // with the HDF5 lock held
         packets.reset();
@@ -692,6 +722,9 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
     // fixed-array chunk indexes); pinning the upper bound keeps files readable by HDF5 1.10 when
     // written by a later library.
     H5Pset_libver_bounds(access.get(), H5F_LIBVER_V110, H5F_LIBVER_V110);
+    // The root group is created with the file: its times come from the file creation list.
+    Handle creation(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
+    H5Pset_obj_track_times(creation.get(), false);
     if (s.to_stdout) {
         H5Pset_fapl_core(access.get(), 1 << 20, false);
         // The core driver tells files apart by name: each image gets its own.
@@ -699,7 +732,7 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
         const std::string name =
             "kvcache-image-" + std::to_string(::getpid()) + "-" + std::to_string(++images);
         s.file =
-            Handle(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()), H5Fclose);
+            Handle(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, creation.get(), access.get()), H5Fclose);
         if (!s.file.valid())
             throw IoError("cannot create an in-memory cache file: " + hdf5_error_detail());
     } else {
@@ -721,7 +754,7 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
 #if H5_VERSION_GE(1, 10, 7)
         H5Pset_file_locking(access.get(), false, true);
 #endif
-        s.file = Handle(H5Fcreate(s.temporary.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, access.get()),
+        s.file = Handle(H5Fcreate(s.temporary.c_str(), H5F_ACC_TRUNC, creation.get(), access.get()),
                         H5Fclose);
         if (!s.file.valid()) {
             const std::string detail = hdf5_error_detail();
@@ -734,8 +767,8 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
         const FileWriter out(s.source);
         const hid_t root = s.file.get();
         out.write_string(root, "format", format_name);
-        out.write_string(root, "format_version",
-                         std::to_string(format_major) + "." + std::to_string(format_minor));
+        // The lowest version that describes the file: 1.0 until a packet brings an index.
+        out.write_string(root, "format_version", std::to_string(format_major) + ".0");
         out.write_string(root, "dtype", cache_dtype_name(model.dtype));
         out.write_integer(root, "keys_after_rope", 1);
 
@@ -782,6 +815,104 @@ CacheWriter::~CacheWriter() {
     state_->discard();
 }
 
+namespace {
+
+// The sizes of an index must match its packet before anything is written.
+void check_index(const PacketIndex& index, const CacheModelInfo& m, int64_t stored,
+                 const std::string& what) {
+    auto fail = [&](const std::string& problem) {
+        throw FormatError(what + ": invalid index: " + problem);
+    };
+    if (static_cast<int64_t>(index.projection.size()) != m.head_dim + 1)
+        fail("the projection needs head_dim + 1 values");
+    if (index.page_size < 2) fail("page_size below 2");
+    int64_t next = 0;
+    for (const IndexSegment& segment : index.segments) {
+        if (segment.first != next || segment.count <= 0) fail("segments must tile the tokens");
+        next += segment.count;
+    }
+    if (next != stored) fail("segments must tile the tokens");
+    if (static_cast<int64_t>(index.layouts.size()) !=
+        m.num_layers * m.num_kv_heads * static_cast<int64_t>(index.segments.size()))
+        fail("one layout per layer, kv-head and segment is needed");
+    for (std::size_t i = 0; i < index.layouts.size(); ++i) {
+        const DciLayout& layout = index.layouts[i];
+        const auto count =
+            static_cast<std::size_t>(index.segments[i % index.segments.size()].count);
+        int64_t paged = 0;
+        for (int32_t size : layout.page_sizes)
+            paged += size;
+        if (layout.levels.size() != count || layout.parents.size() != count ||
+            layout.page_tokens.size() != count || paged != static_cast<int64_t>(count))
+            fail("a layout does not match its segment's length");
+    }
+}
+
+void write_index(const FileWriter& out, hid_t packet_group, const PacketIndex& index,
+                 const CacheModelInfo& m, int64_t stored, const CacheWriteOptions& options) {
+    Handle group = out.create_group(packet_group, "index");
+    const hid_t g = group.get();
+    out.write_string(g, "method", "mdci");
+    out.write_integer(g, "page_size", index.page_size);
+    out.write_double(g, "promotion_first", index.promotion_first);
+    out.write_double(g, "promotion_rest", index.promotion_rest);
+    const auto layers = static_cast<hsize_t>(m.num_layers),
+               heads = static_cast<hsize_t>(m.num_kv_heads);
+    const auto segments = static_cast<hsize_t>(index.segments.size());
+    const auto tokens = static_cast<hsize_t>(stored);
+    out.write_dataset(g, "projection", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {index.projection.size()},
+                      {}, options, false, index.projection.data());
+    std::vector<int64_t> segment_table;
+    for (const IndexSegment& segment : index.segments)
+        segment_table.insert(segment_table.end(), {segment.first, segment.count, segment.delta});
+    out.write_dataset(g, "segments", H5T_STD_I64LE, H5T_NATIVE_INT64, {segments, 3}, {}, options,
+                      false, segment_table.data());
+
+    std::vector<double> norms;
+    std::vector<int32_t> page_counts;
+    std::vector<int8_t> levels;
+    std::vector<int32_t> parents, page_tokens;
+    std::vector<std::vector<int32_t>> sizes_per_plane(layers * heads);
+    std::size_t widest = 1;
+    for (std::size_t plane = 0; plane < layers * heads; ++plane) {
+        for (std::size_t segment = 0; segment < segments; ++segment) {
+            const DciLayout& layout = index.layouts[plane * segments + segment];
+            norms.push_back(layout.max_squared_norm);
+            page_counts.push_back(static_cast<int32_t>(layout.page_sizes.size()));
+            levels.insert(levels.end(), layout.levels.begin(), layout.levels.end());
+            parents.insert(parents.end(), layout.parents.begin(), layout.parents.end());
+            page_tokens.insert(page_tokens.end(), layout.page_tokens.begin(),
+                               layout.page_tokens.end());
+            sizes_per_plane[plane].insert(sizes_per_plane[plane].end(), layout.page_sizes.begin(),
+                                          layout.page_sizes.end());
+        }
+        widest = std::max(widest, sizes_per_plane[plane].size());
+    }
+    std::vector<int32_t> page_sizes(layers * heads * widest, 0);
+    for (std::size_t plane = 0; plane < layers * heads; ++plane)
+        std::copy(sizes_per_plane[plane].begin(), sizes_per_plane[plane].end(),
+                  page_sizes.begin() + static_cast<std::ptrdiff_t>(plane * widest));
+    const std::vector<hsize_t> per_token = {layers, heads, tokens};
+    const std::vector<hsize_t> token_chunk = {
+        1, 1, std::max<hsize_t>(1, std::min<hsize_t>(tokens, max_1d_chunk))};
+    out.write_dataset(g, "max_squared_norm", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                      {layers, heads, segments}, {}, options, false, norms.data());
+    out.write_dataset(g, "page_counts", H5T_STD_I32LE, H5T_NATIVE_INT32, {layers, heads, segments},
+                      {}, options, false, page_counts.data());
+    out.write_dataset(g, "levels", H5T_STD_I8LE, H5T_NATIVE_INT8, per_token, token_chunk, options,
+                      true, levels.data());
+    out.write_dataset(g, "parents", H5T_STD_I32LE, H5T_NATIVE_INT32, per_token, token_chunk,
+                      options, true, parents.data());
+    out.write_dataset(g, "page_tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, per_token, token_chunk,
+                      options, true, page_tokens.data());
+    out.write_dataset(g, "page_sizes", H5T_STD_I32LE, H5T_NATIVE_INT32,
+                      {layers, heads, static_cast<hsize_t>(widest)},
+                      {1, 1, std::min<hsize_t>(widest, max_1d_chunk)}, options, true,
+                      page_sizes.data());
+}
+
+}  // namespace
+
 void CacheWriter::add(const Packet& packet) {
     State& s = *state_;
     if (s.finished) throw UsageError("cannot add packets to a finished cache file");
@@ -824,6 +955,8 @@ void CacheWriter::add(const Packet& packet) {
                               std::to_string(stored) + " x " + std::to_string(m.head_dim) + " " +
                               cache_dtype_name(m.dtype) + ")");
 
+    if (!packet.index.empty()) check_index(packet.index, m, stored, what);
+
     const Lock lock = lock_hdf5();
     const FileWriter out(s.source);
     s.broken = true;  // until everything below is written
@@ -853,6 +986,10 @@ void CacheWriter::add(const Packet& packet) {
                       s.options, true, packet.keys.data(), dtype_attribute);
     out.write_dataset(group.get(), "values", s.key_type.get(), s.key_type.get(), dims, chunk,
                       s.options, true, packet.values.data(), dtype_attribute);
+    if (!packet.index.empty()) {
+        write_index(out, group.get(), packet.index, m, stored, s.options);
+        s.has_index = true;
+    }
     s.broken = false;
 
     s.ids.insert(packet.id);
@@ -894,6 +1031,12 @@ void CacheWriter::finish() {
         out.write_string_dataset(index.get(), "adapter_fingerprint", adapters, s.options);
         index.reset();
 
+        if (s.has_index) {
+            if (H5Adelete(s.file.get(), "format_version") < 0)
+                out.fail_hdf5("cannot update the format version");
+            out.write_string(s.file.get(), "format_version",
+                             std::to_string(format_major) + "." + std::to_string(format_minor));
+        }
         // Last, so that a file that has it is whole (readers refuse one without it).
         out.write_integer(s.file.get(), "complete", 1);
         s.packets.reset();
@@ -1160,10 +1303,100 @@ const std::vector<PacketInfo>& CacheReader::packets() const {
 
 const PacketInfo& CacheReader::packet_info(const std::string& id) const {
     const auto found = state_->by_id.find(id);
-    if (found == state_->by_id.end())
-        throw UsageError("no packet " + kv::quoted(id) + " in " + state_->source);
+    if (found == state_->by_id.end()) {
+        // Name a few of the ids it does hold: the usual cause is a typo or the wrong file.
+        std::string held;
+        for (std::size_t i = 0; i < state_->packets.size() && i < 5; ++i)
+            held += (i ? ", " : "") + kv::quoted(state_->packets[i].id);
+        if (state_->packets.size() > 5) held += ", ...";
+        throw FormatError("no packet " + kv::quoted(id) + " in " + state_->source +
+                          (held.empty() ? " (it holds no packet)"
+                                        : " (it holds " + std::to_string(state_->packets.size()) +
+                                              ": " + held + ")"));
+    }
     return state_->packets[found->second];
 }
+
+namespace {
+
+// The packet's index group (6.5), or an empty index when it has none or one of another method.
+PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheModelInfo& m,
+                       int64_t stored) {
+    PacketIndex index;
+    if (H5Lexists(packet_group, "index", H5P_DEFAULT) <= 0) return index;
+    Handle group = in.open_group(packet_group, "index", "index");
+    const hid_t g = group.get();
+    if (in.string_attribute(g, "method", "index") != "mdci") return index;
+    index.page_size = in.integer_attribute(g, "page_size", "index");
+    index.promotion_first = in.float_attribute(g, "promotion_first", "index");
+    index.promotion_rest = in.float_attribute(g, "promotion_rest", "index");
+    if (index.page_size < 2 || index.page_size > (1 << 20))
+        in.fail("index: page_size " + std::to_string(index.page_size) + " out of range");
+    const auto dim = static_cast<hsize_t>(m.head_dim);
+    index.projection =
+        in.numeric_dataset<float>(g, "projection", "index/projection", {dim + 1}, H5T_NATIVE_FLOAT);
+    std::vector<hsize_t> dims;
+    const std::vector<int64_t> table = in.numeric_dataset<int64_t>(g, "segments", "index/segments",
+                                                                   {0, 3}, H5T_NATIVE_INT64, &dims);
+    const auto segments = dims[0];
+    int64_t next = 0;
+    for (hsize_t i = 0; i < segments; ++i) {
+        const IndexSegment segment{table[i * 3], table[i * 3 + 1], table[i * 3 + 2]};
+        if (segment.first != next || segment.count <= 0)
+            in.fail("index: segments do not tile the packet's tokens");
+        next += segment.count;
+        index.segments.push_back(segment);
+    }
+    if (next != stored) in.fail("index: segments do not tile the packet's tokens");
+    const auto layers = static_cast<hsize_t>(m.num_layers),
+               heads = static_cast<hsize_t>(m.num_kv_heads);
+    const auto tokens = static_cast<hsize_t>(stored);
+    const auto norms = in.numeric_dataset<double>(g, "max_squared_norm", "index/max_squared_norm",
+                                                  {layers, heads, segments}, H5T_NATIVE_DOUBLE);
+    const auto page_counts = in.numeric_dataset<int32_t>(
+        g, "page_counts", "index/page_counts", {layers, heads, segments}, H5T_NATIVE_INT32);
+    const auto levels = in.numeric_dataset<int8_t>(g, "levels", "index/levels",
+                                                   {layers, heads, tokens}, H5T_NATIVE_INT8);
+    const auto parents = in.numeric_dataset<int32_t>(g, "parents", "index/parents",
+                                                     {layers, heads, tokens}, H5T_NATIVE_INT32);
+    const auto page_tokens = in.numeric_dataset<int32_t>(g, "page_tokens", "index/page_tokens",
+                                                         {layers, heads, tokens}, H5T_NATIVE_INT32);
+    const auto page_sizes = in.numeric_dataset<int32_t>(
+        g, "page_sizes", "index/page_sizes", {layers, heads, 0}, H5T_NATIVE_INT32, &dims);
+    const std::size_t widest = dims[2];
+    for (std::size_t plane = 0; plane < layers * heads; ++plane) {
+        std::size_t page = 0;
+        for (std::size_t s = 0; s < segments; ++s) {
+            const IndexSegment& segment = index.segments[s];
+            const std::size_t from = plane * tokens + static_cast<std::size_t>(segment.first);
+            const auto count = static_cast<std::size_t>(segment.count);
+            DciLayout layout;
+            layout.max_squared_norm = norms[plane * segments + s];
+            layout.levels.assign(levels.begin() + static_cast<std::ptrdiff_t>(from),
+                                 levels.begin() + static_cast<std::ptrdiff_t>(from + count));
+            layout.parents.assign(parents.begin() + static_cast<std::ptrdiff_t>(from),
+                                  parents.begin() + static_cast<std::ptrdiff_t>(from + count));
+            layout.page_tokens.assign(
+                page_tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                page_tokens.begin() + static_cast<std::ptrdiff_t>(from + count));
+            const int32_t pages = page_counts[plane * segments + s];
+            if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
+                in.fail("index: page_counts exceed page_sizes");
+            int64_t held = 0;
+            for (int32_t p = 0; p < pages; ++p, ++page) {
+                const int32_t size = page_sizes[plane * widest + page];
+                if (size <= 0 || size > index.page_size) in.fail("index: a page size out of range");
+                held += size;
+                layout.page_sizes.push_back(size);
+            }
+            if (held != segment.count) in.fail("index: pages do not hold the segment's tokens");
+            index.layouts.push_back(std::move(layout));
+        }
+    }
+    return index;
+}
+
+}  // namespace
 
 Packet CacheReader::read(const std::string& id) const {
     const State& s = *state_;
@@ -1267,7 +1500,18 @@ Packet CacheReader::read(const std::string& id) const {
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));
     }
+    packet.index = read_index(in, g, m, info.stored_length);
     return packet;
+}
+
+bool CacheReader::has_index(const std::string& id) const {
+    const State& s = *state_;
+    packet_info(id);
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/index";
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1311,8 +1555,8 @@ void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
 
 CacheSelection parse_cache_selection(const std::string& spec) {
     const std::size_t colon = spec.rfind(':');
-    if (spec != "-" && colon != std::string::npos && colon > 0 &&
-        !std::filesystem::exists(spec) && std::filesystem::exists(spec.substr(0, colon)))
+    if (spec != "-" && colon != std::string::npos && colon > 0 && !std::filesystem::exists(spec) &&
+        std::filesystem::exists(spec.substr(0, colon)))
         return {spec.substr(0, colon), spec.substr(colon + 1)};
     return {spec, ""};
 }

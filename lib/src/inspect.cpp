@@ -210,6 +210,12 @@ std::string describe_cache_text(const CacheReader& reader) {
     text += format("packets:     %zu, %lld tokens stored of %lld, %s of keys and values\n",
                    reader.packets().size(), static_cast<long long>(stored),
                    static_cast<long long>(logical), human_bytes(bytes).c_str());
+    std::size_t indexed = 0;
+    for (const PacketInfo& info : reader.packets())
+        indexed += reader.has_index(info.id);
+    if (indexed > 0)
+        text += format("indexed:     %zu of %zu packets carry an IceCache index\n", indexed,
+                       reader.packets().size());
     if (reader.packets().empty()) return text;
     text += "\n";
     const int width = static_cast<int>(id_width);

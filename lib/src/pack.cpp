@@ -4,12 +4,53 @@
 #include "kv/rope.hpp"
 #include "kv/sha256.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
 
 namespace kv {
+
+namespace {
+
+// The parts' indexes side by side: each segment keeps its tree and pages, shifted to its place in
+// the context and told the rotation its keys received (formats/kvcache.md, 6.5). Only when every
+// part has an index built alike; otherwise the context has none.
+PacketIndex pack_indexes(const std::vector<Packet>& packets, const CacheModelInfo& model) {
+    const PacketIndex& first = packets.front().index;
+    for (const Packet& packet : packets) {
+        const PacketIndex& index = packet.index;
+        if (index.empty() || index.projection != first.projection ||
+            index.page_size != first.page_size || index.promotion_first != first.promotion_first ||
+            index.promotion_rest != first.promotion_rest)
+            return {};
+    }
+    PacketIndex out;
+    out.page_size = first.page_size;
+    out.promotion_first = first.promotion_first;
+    out.promotion_rest = first.promotion_rest;
+    out.projection = first.projection;
+    int64_t offset = 0, stored_offset = 0;
+    for (const Packet& packet : packets) {
+        for (const IndexSegment& segment : packet.index.segments)
+            out.segments.push_back(
+                {segment.first + stored_offset, segment.count, segment.delta + offset});
+        offset += packet.logical_length;
+        stored_offset += packet.stored_length();
+    }
+    const int64_t planes = model.num_layers * model.num_kv_heads;
+    for (int64_t plane = 0; plane < planes; ++plane)
+        for (const Packet& packet : packets) {
+            const auto segments = static_cast<int64_t>(packet.index.segments.size());
+            for (int64_t segment = 0; segment < segments; ++segment)
+                out.layouts.push_back(
+                    packet.index.layouts[static_cast<std::size_t>(plane * segments + segment)]);
+        }
+    return out;
+}
+
+}  // namespace
 
 Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& model,
                     const std::string& id) {
@@ -27,8 +68,8 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
             planes * static_cast<std::size_t>(packet.stored_length()) * row_bytes;
         if (packet.keys.size() != expected || packet.values.size() != expected)
             throw FormatError("packet " + kv::quoted(packet.id) + " holds " +
-                              std::to_string(packet.keys.size()) + " bytes of keys, its shape needs " +
-                              std::to_string(expected));
+                              std::to_string(packet.keys.size()) +
+                              " bytes of keys, its shape needs " + std::to_string(expected));
         if (packet.positions.size() != packet.token_ids.size())
             throw FormatError("packet " + kv::quoted(packet.id) + " has " +
                               std::to_string(packet.positions.size()) + " positions for " +
@@ -36,8 +77,7 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
         if (!packet.adapter_fingerprint.empty()) {
             if (!out.adapter_fingerprint.empty() &&
                 out.adapter_fingerprint != packet.adapter_fingerprint)
-                throw MismatchError("packet " + kv::quoted(packet.id) +
-                                    " was baked with adapter " +
+                throw MismatchError("packet " + kv::quoted(packet.id) + " was baked with adapter " +
                                     packet.adapter_fingerprint.substr(0, 12) +
                                     ", an earlier packet with " +
                                     out.adapter_fingerprint.substr(0, 12) +
@@ -60,9 +100,9 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
         // [L, H, S, D] per packet into [L, H, S_total, D]: one copy per (layer, kv head).
         for (std::size_t plane = 0; plane < planes; ++plane) {
             const std::size_t from = plane * rows * row_bytes;
-            const std::size_t to =
-                (plane * static_cast<std::size_t>(total_stored) +
-                 static_cast<std::size_t>(stored_offset)) * row_bytes;
+            const std::size_t to = (plane * static_cast<std::size_t>(total_stored) +
+                                    static_cast<std::size_t>(stored_offset)) *
+                                   row_bytes;
             std::memcpy(out.keys.data() + to, keys.data() + from, rows * row_bytes);
             std::memcpy(out.values.data() + to, packet.values.data() + from, rows * row_bytes);
         }
@@ -75,6 +115,7 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
     }
     out.logical_length = offset;
     out.text_sha256 = parts_hash.hex();
+    out.index = pack_indexes(packets, model);
     return out;
 }
 
@@ -122,6 +163,18 @@ PackReport pack_caches(const PackOptions& options) {
         }
     }
     const Packet context = pack_packets(packets, first->model(), options.id);
+    report.indexed = !context.index.empty();
+    if (!report.indexed) {
+        const auto indexed = std::count_if(packets.begin(), packets.end(),
+                                           [](const Packet& p) { return !p.index.empty(); });
+        if (indexed > 0) {
+            const auto without = std::find_if(packets.begin(), packets.end(),
+                                              [](const Packet& p) { return p.index.empty(); });
+            report.index_dropped = without != packets.end()
+                                       ? "packet " + kv::quoted(without->id) + " has no index"
+                                       : "the packets' indexes were built with different settings";
+        }
+    }
     packets.clear();
     CacheWriter writer(options.output, first->model(), options.provenance, options.write);
     writer.add(context);

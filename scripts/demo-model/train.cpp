@@ -13,13 +13,14 @@
 #include "kv/tokenizer.hpp"
 
 #include <ATen/Parallel.h>
-#include <CLI/CLI.hpp>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
+#include <CLI/CLI.hpp>
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,10 +44,12 @@ struct Options {
     double lr = 3e-3, min_lr_fraction = 0.1, weight_decay = 0.01, clip = 1.0;
     int64_t warmup = 50;
     double stretch_probability = 0.5, max_stretch = 16.0;
+    double stretch_after = 0.3;  // share of the steps trained on true positions first
     std::string compute_dtype = "bf16", save_dtype = "bf16";
     int threads = 2;
     uint64_t seed = 1;
     int64_t checkpoint_every = 200;
+    fs::path init;
 };
 
 struct Sample {
@@ -122,19 +125,41 @@ kv::WeightMap initial_weights(const kv::ModelConfig& c) {
     return w;
 }
 
-// Positions 0, 1, 2, ... or, for a share of the sequences, BOS at 0 and the rest spread by a
-// random factor: the model then sees relative distances up to max_positions while training on
-// short sequences, which is what lets it retrieve beyond its training length.
-torch::Tensor sample_positions(int64_t count, const Options& o, std::mt19937_64& rng) {
+// Positions 0, 1, 2, ... or, for a share of the sequences, BOS at 0 and the rest spread out by
+// gaps at a few random places (about one per 64 tokens) that stretch the sequence by a random
+// factor. The model then sees relative distances up to max_positions while training on short
+// sequences, which is what lets it retrieve beyond its training length, while almost every
+// neighbouring pair stays one position apart, which is what local heads (the previous-token half
+// of an induction circuit) need. A uniform stretch of every distance would deny them that.
+torch::Tensor sample_positions(int64_t count, bool stretch_allowed, const Options& o,
+                               std::mt19937_64& rng) {
     std::uniform_real_distribution<double> unit(0.0, 1.0);
     torch::Tensor positions = torch::arange(count, torch::kInt64);
-    if (unit(rng) < o.stretch_probability && count > 1) {
-        const double limit = std::min(
-            o.max_stretch, static_cast<double>(o.max_positions - 2) / static_cast<double>(count));
-        const double stretch = 1.0 + unit(rng) * std::max(0.0, limit - 1.0);
-        auto* p = positions.data_ptr<int64_t>();
-        for (int64_t i = 1; i < count; ++i)
-            p[i] = 1 + static_cast<int64_t>(std::floor(static_cast<double>(i - 1) * stretch));
+    if (!stretch_allowed || count < 3 || unit(rng) >= o.stretch_probability) return positions;
+    const double limit = std::min(
+        o.max_stretch, static_cast<double>(o.max_positions - 1) / static_cast<double>(count));
+    const double stretch = 1.0 + unit(rng) * std::max(0.0, limit - 1.0);
+    const auto extra = static_cast<int64_t>(static_cast<double>(count) * (stretch - 1.0));
+    const int64_t gaps = std::max<int64_t>(1, count / 64);
+    std::uniform_int_distribution<int64_t> where(2, count - 1);
+    std::vector<int64_t> cuts(static_cast<std::size_t>(gaps)), shares(cuts.size() + 1);
+    for (auto& cut : cuts)
+        cut = where(rng);
+    std::sort(cuts.begin(), cuts.end());
+    // Split `extra` into `gaps` random shares: sorted uniform points, differences.
+    std::vector<double> points(cuts.size());
+    for (auto& point : points)
+        point = unit(rng);
+    std::sort(points.begin(), points.end());
+    auto* p = positions.data_ptr<int64_t>();
+    int64_t added = 0;
+    std::size_t next = 0;
+    for (int64_t i = 1; i < count; ++i) {
+        while (next < cuts.size() && cuts[next] == i) {
+            added = static_cast<int64_t>(points[next] * static_cast<double>(extra));
+            ++next;
+        }
+        p[i] = i + added;
     }
     return positions;
 }
@@ -171,6 +196,17 @@ int train(const Options& o) {
     const kv::ModelConfig config = make_config(o, *tokenizer);
     kv::validate_config(config, "demo model");
     kv::WeightMap weights = initial_weights(config);
+    if (!o.init.empty()) {
+        // Continue from an earlier phase: same shapes required, master weights in float32.
+        kv::LoadedWeights earlier = kv::load_hf_folder(o.init);
+        for (auto& [name, tensor] : weights) {
+            const auto found = earlier.weights.find(name);
+            if (found == earlier.weights.end() || found->second.sizes() != tensor.sizes())
+                throw kv::Error("--init " + o.init.string() + ": tensor " + name +
+                                " is missing or of another shape");
+            tensor = found->second.to(torch::kFloat32).clone().requires_grad_();
+        }
+    }
     std::vector<torch::Tensor> parameters;
     int64_t parameter_count = 0;
     for (auto& [name, tensor] : weights) {
@@ -185,7 +221,8 @@ int train(const Options& o) {
     torch::optim::AdamW optimizer(
         parameters,
         torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).weight_decay(o.weight_decay));
-    const torch::ScalarType compute = o.compute_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    const torch::ScalarType compute =
+        o.compute_dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     const auto started = std::chrono::steady_clock::now();
     std::ofstream log(o.output.string() + ".log.jsonl");
     int64_t tokens_seen = 0;
@@ -202,8 +239,7 @@ int train(const Options& o) {
         // The model is rebuilt from the master weights each step: the dtype cast is part of the
         // graph, so backward reaches the float32 tensors the optimizer owns.
         kv::LoadedWeights loaded{config, weights, "demo model"};
-        const auto model =
-            kv::Model::from_weights(std::move(loaded), compute, torch::kCPU, false);
+        const auto model = kv::Model::from_weights(std::move(loaded), compute, torch::kCPU, false);
         double answer_loss_sum = 0, answer_weight = 0, batch_loss = 0;
         for (int64_t b = 0; b < o.batch; ++b) {
             const Sample& sample = samples[static_cast<std::size_t>(step * o.batch + b)];
@@ -218,9 +254,9 @@ int train(const Options& o) {
                 torch::from_blob(const_cast<float*>(sample.weights.data() + 1), {count},
                                  torch::kFloat32)
                     .clone();
-            const torch::Tensor positions = sample_positions(count, o, rng);
-            const torch::Tensor hidden =
-                model->forward_sequence(model->embed(inputs), positions);
+            const torch::Tensor positions =
+                sample_positions(count, progress >= o.stretch_after, o, rng);
+            const torch::Tensor hidden = model->forward_sequence(model->embed(inputs), positions);
             const torch::Tensor losses = torch::nn::functional::cross_entropy(
                 model->logits(hidden), targets,
                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
@@ -286,11 +322,15 @@ int main(int argc, char** argv) {
     app.add_option("--weight-decay", o.weight_decay);
     app.add_option("--stretch-probability", o.stretch_probability);
     app.add_option("--max-stretch", o.max_stretch);
+    app.add_option("--stretch-after", o.stretch_after,
+                   "share of the steps trained before positions are stretched");
     app.add_option("--compute-dtype", o.compute_dtype)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("--save-dtype", o.save_dtype)->check(CLI::IsMember({"f32", "bf16"}));
     app.add_option("-t,--threads", o.threads);
     app.add_option("--seed", o.seed);
     app.add_option("--checkpoint-every", o.checkpoint_every);
+    app.add_option("--init", o.init,
+                   "start from this model folder (an earlier phase) instead of random weights");
     CLI11_PARSE(app, argc, argv);
     try {
         return train(o);

@@ -13,3 +13,6 @@ require_files() {
         fi
     done
 }
+
+# kvtools' own demo model, committed in the repository: tests that use it always run.
+demo=$KV_SOURCE_DIR/models/demo

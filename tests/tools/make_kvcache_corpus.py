@@ -166,6 +166,39 @@ def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libv
             f.attrs["dtype"] = "f32"
 
 
+def add_index(f, ordinal=0, method="mdci", page_sizes=None):
+    """An IceCache index (formats/kvcache.md, 6.5) for a small packet: one segment, one level
+    (fewer than 100 tokens), the tokens in pages of 16 in projection order."""
+    group = f["packets/%08d" % ordinal]
+    count = int(group.attrs["stored_length"])
+    keys = group["keys"][...].astype("<f4")
+    index = create_group(group, "index")
+    index.attrs["method"] = method
+    index.attrs["page_size"] = 16
+    index.attrs["promotion_first"] = 0.01
+    index.attrs["promotion_rest"] = 0.2
+    direction = np.linspace(1.0, 2.0, DIM + 1).astype("<f4")
+    direction /= np.linalg.norm(direction)
+    index.create_dataset("projection", data=direction)
+    index.create_dataset("segments", data=np.array([[0, count, 0]], dtype="<i8"))
+    norm = 2.0 * float((keys.astype(np.float64) ** 2).sum(-1).max()) + 1.0
+    index.create_dataset("max_squared_norm", data=np.full((LAYERS, HEADS, 1), norm))
+    index.create_dataset("levels", data=np.zeros((LAYERS, HEADS, count), dtype="<i1"))
+    index.create_dataset("parents", data=np.full((LAYERS, HEADS, count), -1, dtype="<i4"))
+    sizes = page_sizes or [min(16, count - start) for start in range(0, count, 16)]
+    index.create_dataset("page_counts", data=np.full((LAYERS, HEADS, 1), len(sizes), dtype="<i4"))
+    index.create_dataset("page_sizes",
+                         data=np.tile(np.array(sizes, dtype="<i4"), (LAYERS, HEADS, 1)))
+    tokens = np.zeros((LAYERS, HEADS, count), dtype="<i4")
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            k = keys[layer, head].astype(np.float64)
+            tail = np.sqrt(np.maximum(0.0, norm - (k ** 2).sum(-1)))
+            projection = k @ direction[:DIM] + tail * direction[DIM]
+            tokens[layer, head] = np.argsort(projection, kind="stable")
+    index.create_dataset("page_tokens", data=tokens)
+
+
 def flip_byte_in_chunk(path, dataset_path, at=None):
     """Flips one byte of the first stored chunk of a dataset, where h5py says it lies: in the
     middle (by default), so that its Fletcher32 checksum no longer matches, or at `at`."""
@@ -253,6 +286,12 @@ def main():
          [packet(ident, 1 + (7 * i) % 20, 100 + i) for i, ident in enumerate(ids)],
          chunk_tokens=8, model={"rope_scaling": '{"rope_type":"llama3","factor":8.0}'})
 
+    good("0011_indexed",
+         "format_version 1.1: an IceCache index in one packet (18 tokens, two pages), and one of "
+         "an unknown method, which readers ignore",
+         [packet("indexed", 18, 11), packet("other", 3, 12)], root={"format_version": "1.1"},
+         hook=lambda f: (add_index(f, 0), add_index(f, 1, method="x-future")))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -269,7 +308,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.0)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.1)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'quantized-keys']: neither is implemented",
@@ -345,6 +384,12 @@ def main():
            root={"keys_after_rope": 0})
     broken("0020_empty_id", "an empty packet id",
            "*: packet index entry 0 has an empty id", packets=[packet("", 2, 1)])
+
+    broken("0021_index_pages_short",
+           "an index whose pages hold 17 of the segment's 18 tokens",
+           "*: packet 'indexed': index: pages do not hold the segment's tokens",
+           packets=[packet("indexed", 18, 11)], root={"format_version": "1.1"},
+           hook=lambda f: add_index(f, 0, page_sizes=[16, 1]))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

@@ -35,11 +35,15 @@ void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
                    "Tokenizer override: tokenizer.json, tokenizer.model or a llama2.c tok*.bin");
 }
 
-void add_compute_options(CLI::App& app, ComputeOptions& options) {
-    app.add_option("-t,--threads", options.threads, "CPU threads (0: one per core)")
+void add_threads_option(CLI::App& app, int& threads) {
+    app.add_option("-t,--threads", threads, "CPU threads (0: one per core)")
         ->envname("KV_THREADS")
         ->check(CLI::NonNegativeNumber)
         ->default_val(0);
+}
+
+void add_compute_options(CLI::App& app, ComputeOptions& options) {
+    add_threads_option(app, options.threads);
     app.add_option("--device", options.device,
                    "auto, cpu, cuda or cuda:N (auto: cuda when available)")
         ->envname("KV_DEVICE")

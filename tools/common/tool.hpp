@@ -34,6 +34,8 @@ struct Verbosity {
 
 /// -m/--model (required when `required`) and --tokenizer.
 void add_model_options(CLI::App& app, ModelOptions& options, bool required = true);
+/// -t/--threads alone, for tools that run no model (environment: KV_THREADS).
+void add_threads_option(CLI::App& app, int& threads);
 /// -t/--threads, --device, --dtype, --mmap (environment: KV_THREADS, KV_DEVICE, KV_DTYPE).
 void add_compute_options(CLI::App& app, ComputeOptions& options);
 /// -q/--quiet, -v/--verbose.

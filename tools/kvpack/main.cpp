@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
         options.output = output;
         options.provenance = kv::cli::provenance("kvpack", argc, argv);
         const kv::PackReport report = kv::pack_caches(options);
+        if (!report.index_dropped.empty() && !verbosity.quiet)
+            std::fprintf(stderr, "kvpack: note: %s: the context carries no IceCache index\n",
+                         report.index_dropped.c_str());
         if (json_report) {
             kv::json::Value value = kv::json::Value::object();
             kv::json::Value parts = kv::json::Value::array();
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
             value.set("logical_length", report.logical_length);
             value.set("stored_length", report.stored_length);
             value.set("bytes_read", report.bytes_read);
+            value.set("indexed", report.indexed);
             value.set("seconds", report.seconds);
             value.set("parts", std::move(parts));
             const std::string text = kv::json::dump(value, 2) + "\n";

@@ -49,6 +49,34 @@ int main(int argc, char** argv) {
         app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
             ->default_val(512)
             ->check(CLI::PositiveNumber);
+        app.add_option("--attention", options.attention,
+                       "Decoding attention: full, icecache, streaming, quest, h2o, or topk (an "
+                       "exact oracle)")
+            ->default_val("full")
+            ->check(CLI::IsMember({"full", "icecache", "streaming", "quest", "h2o", "topk"}));
+        app.add_option("--budget", options.budget,
+                       "Tokens each query head attends to in sparse layers: sink, window and "
+                       "retrieved pages (64: 16 + 16 + 2 pages of 16; 256: 32 + 32 + 12 pages)")
+            ->default_val(256)
+            ->check(CLI::Range(64, 1 << 30));
+        app.add_option("--dense-layers", options.dense_layers,
+                       "The first layers attend to every token")
+            ->default_val(2)
+            ->check(CLI::NonNegativeNumber);
+        app.add_option("--reuse-layers", options.reuse_layers,
+                       "Consecutive sparse layers sharing one choice of pages (IceCache(r): 3)")
+            ->default_val(1)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--field-of-view", options.field_of_view,
+                       "IceCache: index points kept per level (0: max(tokens / 1000, 30))")
+            ->default_val(0)
+            ->check(CLI::NonNegativeNumber);
+        app.add_flag("--sparse-prompt", options.sparse_prompt,
+                     "Feed the prompt one token at a time through the sparse attention too, so "
+                     "that no step reads the cached context densely");
+        app.add_flag("--measure-recall", options.measure_recall,
+                     "Also compute full attention at each step and report, per layer, the share "
+                     "of its mass on the tokens attended to (in --stats)");
         app.add_option("--stats", stats_path,
                        "Write timings as JSON to FILE ('-': standard error, since standard output "
                        "carries the text)");

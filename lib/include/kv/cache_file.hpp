@@ -8,6 +8,8 @@
 // store reads its directory, and a packet's tensors are read only when asked for.
 #pragma once
 
+#include "kv/index/layout.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -71,6 +73,8 @@ struct Packet {
     /// [num_layers, num_kv_heads, stored_length, head_dim] in the file's dtype, keys after RoPE.
     std::vector<std::byte> keys;
     std::vector<std::byte> values;
+    /// IceCache's index of the keys (kvindex), empty when the packet has none.
+    PacketIndex index;
 
     int64_t stored_length() const { return static_cast<int64_t>(token_ids.size()); }
 };
@@ -135,6 +139,8 @@ class CacheReader {
 
     /// Reads one packet with its tensors, verifying checksums and shapes.
     Packet read(const std::string& id) const;
+    /// Whether the packet carries an IceCache index (section 6.5), without reading it.
+    bool has_index(const std::string& id) const;
 
   private:
     struct State;

@@ -34,13 +34,17 @@ struct PackReport {
     int64_t logical_length = 0;
     int64_t stored_length = 0;
     int64_t bytes_read = 0;  ///< keys and values
+    bool indexed = false;    ///< the context carries its parts' IceCache indexes
+    /// Why the parts' indexes were not carried, when some had one ("" otherwise).
+    std::string index_dropped;
     double seconds = 0;
 };
 
 /// Concatenates `packets` (all from caches compatible with `model`) into one packet named `id`:
 /// token ids and values in order, positions shifted by the running logical offset, keys rotated
 /// by it. Packets keep their position gaps (compressed packets), so logical length adds up.
-/// Packets baked with different adapters are refused (MismatchError).
+/// Packets baked with different adapters are refused (MismatchError). When every packet has an
+/// IceCache index built alike, the context carries them as segments (no index is rebuilt).
 Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& model,
                     const std::string& id);
 

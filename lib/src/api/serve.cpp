@@ -5,6 +5,7 @@
 #include "kv/json.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/packets.hpp"
+#include "kv/model/sparse.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sampler.hpp"
 #include "kv/tokenizer.hpp"
@@ -53,6 +54,19 @@ ServeStats serve_once(const ServeOptions& options,
             "with --cache the prompt must not be empty: a cache holds the keys and values of "
             "its tokens, not the logits that follow them");
 
+    SparseOptions sparse_options;
+    sparse_options.method = parse_sparse_method(options.attention);
+    sparse_options.budget = options.budget;
+    sparse_options.dense_layers = options.dense_layers;
+    sparse_options.reuse_layers = options.reuse_layers;
+    sparse_options.field_of_view = options.field_of_view;
+    sparse_options.measure_recall = options.measure_recall;
+    std::unique_ptr<SparseAttention> sparse;
+    if (sparse_options.method != SparseMethod::full || options.measure_recall)
+        sparse = std::make_unique<SparseAttention>(config, model.rope(), sparse_options);
+    stats.attention = options.attention;
+    stats.budget = sparse_options.method == SparseMethod::full ? 0 : options.budget;
+
     torch::NoGradGuard no_grad;
     TextStreamer streamer(tokenizer);
     KvCache cache = model.new_cache(256);
@@ -91,6 +105,8 @@ ServeStats serve_once(const ServeOptions& options,
                                     " tokens with packet " + kv::quoted(packet.id) +
                                     ", the model's context is " + std::to_string(context));
             cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
+            if (sparse)
+                sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
             append_packet(model.rope(), cache, packet, reader.model().dtype);
             // Adapter soft tokens (id -1) have no text.
             for (int32_t id : packet.token_ids)
@@ -119,7 +135,14 @@ ServeStats serve_once(const ServeOptions& options,
         streamer.push(id);
 
     const auto prompt_start = Clock::now();
-    torch::Tensor logits = model.prefill(prompt, cache, options.prefill_chunk);
+    torch::Tensor logits;
+    if (sparse && options.sparse_prompt) {
+        for (std::size_t i = 0; i < prompt.size(); ++i)
+            logits = model.prefill(std::span<const int32_t>(prompt).subspan(i, 1), cache, 1,
+                                   sparse.get());
+    } else {
+        logits = model.prefill(prompt, cache, options.prefill_chunk);
+    }
     stats.prefill_seconds = seconds_since(prompt_start);
     stats.total_context_tokens = cache.next_position();
     stats.stop_reason = "length";
@@ -148,7 +171,7 @@ ServeStats serve_once(const ServeOptions& options,
             break;
         }
         token_buffer[0] = next;
-        logits = model.prefill(std::span<const int32_t>(token_buffer, 1), cache);
+        logits = model.prefill(std::span<const int32_t>(token_buffer, 1), cache, 1, sparse.get());
     }
     const std::string rest = streamer.finish();
     if (!rest.empty()) emit(rest);
@@ -158,6 +181,22 @@ ServeStats serve_once(const ServeOptions& options,
             stats.decode_seconds / static_cast<double>(stats.generated_tokens - 1);
         stats.decode_tokens_per_second =
             static_cast<double>(stats.generated_tokens - 1) / stats.decode_seconds;
+    }
+    if (sparse) {
+        const SparseStats& sparse_stats = sparse->stats();
+        for (std::size_t layer = 0; layer < sparse_stats.recall_sum.size(); ++layer)
+            stats.attention_recall.push_back(
+                sparse_stats.recall_count[layer] > 0
+                    ? sparse_stats.recall_sum[layer] /
+                          static_cast<double>(sparse_stats.recall_count[layer])
+                    : 1.0);
+        if (sparse_stats.selections > 0)
+            stats.attended_tokens = static_cast<double>(sparse_stats.selected_tokens) /
+                                    static_cast<double>(sparse_stats.selections);
+        stats.index_dot_products = sparse_stats.index_dot_products;
+        stats.indexed_tokens = sparse_stats.indexed_tokens;
+        stats.index_seconds = sparse_stats.index_seconds;
+        stats.select_seconds = sparse_stats.select_seconds;
     }
     if (stats.prefill_seconds > 0)
         stats.prefill_tokens_per_second =
@@ -180,6 +219,19 @@ json::Value stats_to_json(const ServeStats& stats) {
     result.set("cache_bytes_read", stats.cache_bytes_read);
     result.set("cache_load_seconds", stats.cache_load_seconds);
     result.set("context_tokens", stats.total_context_tokens);
+    result.set("attention", stats.attention);
+    if (stats.budget > 0) result.set("budget", stats.budget);
+    if (!stats.attention_recall.empty()) {
+        json::Value recall = json::Value::array();
+        for (double value : stats.attention_recall)
+            recall.push_back(value);
+        result.set("attention_recall", std::move(recall));
+        result.set("attended_tokens", stats.attended_tokens);
+        result.set("index_dot_products", stats.index_dot_products);
+        result.set("indexed_tokens", stats.indexed_tokens);
+        result.set("index_seconds", stats.index_seconds);
+        result.set("select_seconds", stats.select_seconds);
+    }
     result.set("seed", stats.seed);
     result.set("threads", stats.threads);
     result.set("device", stats.device);

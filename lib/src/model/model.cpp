@@ -1,4 +1,5 @@
 #include "kv/model/model.hpp"
+#include "kv/model/sparse.hpp"
 
 #include "kv/error.hpp"
 #include "kv/sha256.hpp"
@@ -246,9 +247,8 @@ torch::Tensor Model::attend(const Layer& layer, const torch::Tensor& queries,
                             const torch::Tensor& keys, const torch::Tensor& values,
                             const AttentionMask& mask) const {
     const int64_t tokens = queries.size(1);
-    const torch::Tensor attended =
-        attention(queries, keys, values, mask,
-                  1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+    const torch::Tensor attended = attention(
+        queries, keys, values, mask, 1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
     return kv::linear(
         attended.transpose(0, 1).reshape({tokens, config_.num_heads * config_.head_dim}),
         layer.o_proj);
@@ -269,7 +269,8 @@ torch::Tensor Model::check_embeddings(const torch::Tensor& embeddings) const {
 }
 
 torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
-                             KvCache& cache, const torch::Tensor& allow) const {
+                             KvCache& cache, const torch::Tensor& allow,
+                             SparseAttention* sparse) const {
     torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
     cache.begin_append(positions_here);
@@ -281,7 +282,18 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
             cache.write(index, projected.keys, projected.values);
             const AttentionMask mask{positions_here, cache.positions(), config_.sliding_window,
                                      allow};
-            x = x + attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);
+            std::vector<std::vector<int64_t>> rows;
+            if (sparse && x.size(0) == 1 && !allow.defined() &&
+                sparse->select(index, projected.queries, cache.keys(index), rows)) {
+                const torch::Tensor attended = attention_over_rows(
+                    projected.queries, cache.keys(index), cache.values(index), rows,
+                    1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+                x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
+                                   layer.o_proj);
+            } else {
+                x = x +
+                    attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);
+            }
             x = x + mlp_block(layer, x);
         }
         cache.commit();
@@ -311,10 +323,12 @@ torch::Tensor Model::forward_sequence(
 }
 
 torch::Tensor Model::logits(const torch::Tensor& hidden) const {
-    return kv::linear(hidden, lm_head_).to(torch::kFloat32);
+    const torch::Tensor logits = kv::linear(hidden, lm_head_);
+    return logits.scalar_type() == torch::kFloat64 ? logits : logits.to(torch::kFloat32);
 }
 
-torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk) const {
+torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk,
+                             SparseAttention* sparse) const {
     if (tokens.empty()) throw Error("prefill: no tokens");
     if (chunk <= 0) throw UsageError("prefill chunk must be positive");
     torch::NoGradGuard no_grad;
@@ -325,7 +339,8 @@ torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, in
         const torch::Tensor positions =
             torch::arange(first_position, first_position + static_cast<int64_t>(count),
                           torch::TensorOptions().dtype(torch::kInt64));
-        const torch::Tensor hidden = forward(embed(tokens.subspan(begin, count)), positions, cache);
+        const torch::Tensor hidden =
+            forward(embed(tokens.subspan(begin, count)), positions, cache, {}, sparse);
         last_hidden = hidden.narrow(0, hidden.size(0) - 1, 1);
     }
     return logits(last_hidden).select(0, 0).to(torch::kCPU);

@@ -13,7 +13,9 @@
 namespace kv {
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-    const torch::Tensor x32 = x.to(torch::kFloat32);
+    // At least float32 (bf16 sums drift), float64 kept for gradient checks.
+    const torch::Tensor x32 =
+        x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
     const torch::Tensor inverse_rms = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
     return (x32 * inverse_rms).to(x.scalar_type()) * weight;
 }
@@ -88,10 +90,13 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
             cos_out[t * half + i] = cosf(angle);
             sin_out[t * half + i] = sinf(angle);
         }
-    cos_table = cos_table.to(x.device());
-    sin_table = sin_table.to(x.device());
+    // At least float32 (bf16 rotations drift), float64 kept for gradient checks.
+    const torch::ScalarType math =
+        x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    cos_table = cos_table.to(x.device(), math);
+    sin_table = sin_table.to(x.device(), math);
 
-    const torch::Tensor x32 = x.to(torch::kFloat32);
+    const torch::Tensor x32 = x.to(math);
     torch::Tensor rotated;
     if (layout_ == RopeLayout::half_split) {
         const torch::Tensor first = x32.narrow(-1, 0, half);
@@ -195,7 +200,8 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     // mapping whose pages fault on first touch, which made a 2,048-token training step 15x slower
     // than four 512-token ones.
     constexpr int64_t max_scores = int64_t{4} << 20;
-    const int64_t block = std::max<int64_t>(1, max_scores / std::max<int64_t>(1, q.size(0) * k.size(1)));
+    const int64_t block =
+        std::max<int64_t>(1, max_scores / std::max<int64_t>(1, q.size(0) * k.size(1)));
     if (q.size(1) > block) {
         std::vector<torch::Tensor> outputs;
         for (int64_t begin = 0; begin < q.size(1); begin += block) {
@@ -215,7 +221,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 
     // [Hkv, group*T, D] x [Hkv, D, S]: one batched product per kv head serves its whole group.
     const torch::Tensor grouped_q = q.reshape({kv_heads, group * tokens, head_dim});
-    torch::Tensor scores = torch::bmm(grouped_q, k.transpose(1, 2)).to(torch::kFloat32).mul_(scale);
+    const torch::ScalarType score_type =
+        q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+    torch::Tensor scores = torch::bmm(grouped_q, k.transpose(1, 2)).to(score_type).mul_(scale);
     scores = scores.view({kv_heads, group, tokens, keys});
 
     const bool needs_causal_mask = tokens > 1 || mask.sliding_window > 0;

@@ -114,3 +114,69 @@ TEST_CASE("weights with the wrong shape or missing are named in the error", "[de
             Catch::Contains("'model.norm.weight' has shape [3], the config needs [32]"));
     }
 }
+
+TEST_CASE("the differentiable sequence forward matches the reference and its gradients",
+          "[decoder]") {
+    const std::vector<int> tokens = {1, 5, 9, 2, 33, 17, 4, 4, 30, 11};
+    const std::vector<int32_t> ids(tokens.begin(), tokens.end());
+    const ModelConfig config = testing::small_config("LlamaForCausalLM");
+    testing::TwinModel twin = testing::make_random_model(config, 5);
+    const auto expected = twin.reference.forward(tokens);
+    const torch::Tensor positions = positions_range(0, static_cast<int64_t>(ids.size()));
+
+    SECTION("logits") {
+        auto model = Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU);
+        const torch::Tensor logits =
+            model->logits(model->forward_sequence(model->embed(ids), positions));
+        CHECK(max_logit_difference(logits, expected) < 1e-4);
+    }
+    SECTION("gradients reach the query and key projections (central differences, float64)") {
+        // Training learns where to attend only through these: a path that silently detached
+        // them would still let the model learn unigram statistics, and nothing else.
+        for (auto& [name, tensor] : twin.weights.weights)
+            tensor = tensor.to(torch::kFloat64);
+        const LoadedWeights base = twin.weights;
+        auto loss_with = [&](const std::string& name, int64_t index, double delta,
+                             torch::Tensor* gradient) {
+            LoadedWeights copy = base;
+            for (auto& [n, tensor] : copy.weights)
+                tensor = tensor.clone();
+            torch::Tensor& weight = copy.weights.at(name);
+            weight.view(-1)[index] += delta;
+            if (gradient) weight.requires_grad_();
+            auto model = Model::from_weights(copy, torch::kFloat64, torch::kCPU, false);
+            const torch::Tensor logits =
+                model->logits(model->forward_sequence(model->embed(ids), positions));
+            // Cross-entropy against the next token, as training computes it.
+            const torch::Tensor targets =
+                torch::tensor(std::vector<int64_t>(tokens.begin() + 1, tokens.end()));
+            const torch::Tensor loss =
+                -torch::log_softmax(logits.narrow(0, 0, static_cast<int64_t>(tokens.size()) - 1)
+                                        .to(torch::kFloat64),
+                                    -1)
+                     .gather(1, targets.unsqueeze(1))
+                     .mean();
+            if (gradient) {
+                loss.backward();
+                *gradient = weight.grad().view(-1)[index];
+            }
+            return loss.item<double>();
+        };
+        for (const std::string name :
+             {"model.layers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+              "model.layers.0.self_attn.v_proj.weight"}) {
+            for (const int64_t index : {3, 40}) {
+                torch::Tensor analytic;
+                loss_with(name, index, 0.0, &analytic);
+                const double h = 1e-5;
+                const double numeric =
+                    (loss_with(name, index, h, nullptr) - loss_with(name, index, -h, nullptr)) /
+                    (2 * h);
+                INFO(name << "[" << index << "]: autograd " << analytic.item<double>()
+                          << ", central difference " << numeric);
+                CHECK(std::abs(numeric) > 1e-8);
+                CHECK(analytic.item<double>() == Approx(numeric).epsilon(1e-4).margin(1e-9));
+            }
+        }
+    }
+}

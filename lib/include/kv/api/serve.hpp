@@ -37,6 +37,17 @@ struct ServeOptions {
     std::string dtype = "auto";
     bool use_mmap = false;
     int64_t prefill_chunk = 512;
+    /// Decoding attention: "full", "icecache", "streaming", "quest", "h2o" or "topk" (an exact
+    /// oracle); see kv/model/sparse.hpp for the budget's meaning.
+    std::string attention = "full";
+    int64_t budget = 256;
+    int64_t dense_layers = 2;
+    int64_t reuse_layers = 1;
+    int64_t field_of_view = 0;  ///< IceCache; 0: max(tokens / 1000, 30)
+    bool measure_recall = false;
+    /// Feed the prompt one token at a time through the sparse attention as well, so that only
+    /// the cached context is read densely by nothing (a stricter test of a sparse method).
+    bool sparse_prompt = false;
 };
 
 struct ServeStats {
@@ -56,6 +67,16 @@ struct ServeStats {
     double prefill_tokens_per_second = 0;
     double time_per_output_token_seconds = 0;
     double decode_tokens_per_second = 0;
+    std::string attention;
+    int64_t budget = 0;
+    /// Per layer: the share of the full softmax mass on the tokens attended to (measure_recall),
+    /// averaged over steps and query heads; 1 for dense layers.
+    std::vector<double> attention_recall;
+    double attended_tokens = 0;  ///< per kv head and sparse step, on average
+    int64_t index_dot_products = 0;
+    int64_t indexed_tokens = 0;
+    double index_seconds = 0;
+    double select_seconds = 0;
     uint64_t seed = 0;
     int threads = 0;
     std::string device;

@@ -23,6 +23,8 @@
 
 namespace kv {
 
+class SparseAttention;
+
 struct ModelLoadOptions {
     std::filesystem::path path;  ///< a Hugging Face folder or a llama2.c checkpoint file
     std::string dtype =
@@ -87,14 +89,16 @@ class Model {
     /// Runs embeddings [T, hidden] at positions [T] through every layer, appending the tokens'
     /// keys and values to `cache`; returns the final-normed hidden states [T, hidden].
     /// `allow` [T, S] (optional, S = cache length + T) further restricts attention.
+    /// With `sparse`, a one-token step lets it choose the tokens each kv head attends to.
     torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
-                          KvCache& cache, const torch::Tensor& allow = {}) const;
+                          KvCache& cache, const torch::Tensor& allow = {},
+                          SparseAttention* sparse = nullptr) const;
 
     /// The same computation as forward() over one whole sequence and no cache, built only from
     /// differentiable libtorch operations: gradients reach the embeddings (kvtrain's adapters) and
     /// any weight that requires them (the demo model's trainer). `allow` [T, T] (optional) further
-    /// restricts attention, e.g. block-diagonal for packets. When `keys_values` is given it receives
-    /// each layer's post-RoPE keys and values [Hkv, T, D].
+    /// restricts attention, e.g. block-diagonal for packets. When `keys_values` is given it
+    /// receives each layer's post-RoPE keys and values [Hkv, T, D].
     torch::Tensor forward_sequence(
         const torch::Tensor& embeddings, const torch::Tensor& positions,
         const torch::Tensor& allow = {},
@@ -109,8 +113,8 @@ class Model {
     /// Feeds tokens after what the cache holds (positions continue from cache.next_position()), in
     /// chunks of at most `chunk` tokens to bound memory; returns the last token's logits [vocab]
     /// (float32, CPU).
-    torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache,
-                          int64_t chunk = 512) const;
+    torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk = 512,
+                          SparseAttention* sparse = nullptr) const;
 
   private:
     struct Layer {

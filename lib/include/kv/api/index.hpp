@@ -1,0 +1,51 @@
+// kvindex: IceCache's multi-level DCI index for every (layer, kv-head) of every packet of a cache
+// file, stored with the packet (formats/kvcache.md, section 6.5). Needs no model: the keys are
+// all it reads. Torch-free header: the tool includes only this.
+#pragma once
+
+#include "kv/cache_file.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <vector>
+
+namespace kv {
+
+struct IndexOptions {
+    std::filesystem::path input;         ///< "-": standard input
+    std::filesystem::path output = "-";  ///< "-": standard output
+    int64_t page_size = 16;
+    double promotion_first = 0.01;  ///< p0
+    double promotion_rest = 0.2;    ///< p1
+    int64_t exact_parent_limit = 3000;
+    int64_t anchor_interval = 120;
+    uint64_t seed = 1;           ///< draws the projection direction
+    int threads = 0;             ///< 0: all cores; one (layer, kv-head) per thread
+    bool keep_existing = false;  ///< leave packets that already have an index as they are
+    CacheWriteOptions write;
+    Provenance provenance;
+    /// Called after each packet with (packets done, packets in all).
+    std::function<void(int64_t, int64_t)> progress;
+};
+
+struct IndexReport {
+    int64_t packets = 0;
+    int64_t tokens = 0;
+    int64_t indexes = 0;  ///< (packet, layer, kv-head) indexes built
+    int64_t pages = 0;    ///< pages over all of them
+    int64_t kept = 0;     ///< packets whose existing index was kept
+    int max_levels = 0;
+    double build_seconds = 0;  ///< building the indexes only
+    double seconds = 0;        ///< everything
+};
+
+/// Reads `input`, indexes every packet and writes `output` atomically (the input is never
+/// modified; the same path for both is fine).
+IndexReport index_cache_file(const IndexOptions& options);
+
+/// The projection direction every index of one run shares: head_dim + 1 standard normal draws
+/// from `seed`, normalised.
+std::vector<float> index_projection(int64_t head_dim, uint64_t seed);
+
+}  // namespace kv

@@ -1,0 +1,147 @@
+// IceCache's multi-level DCI index over the keys of one (layer, kv-head): keys clustered by
+// meaning into 16-slot pages, so that decoding loads only the pages a query needs.
+//
+// Keys are lifted so that inner product becomes Euclidean distance, T(k) = [k, sqrt(M - |k|^2)]
+// with M the largest squared norm; one random direction u in R^{d+1} projects them. About p0 of
+// the tokens (every 1/p0-th, deterministically) are promoted to level 1, p1 of each level to the
+// next; every point hangs under its nearest point one level up (exactly, or through the anchor
+// shortcut when that level is large); the children of one parent, in projection order, are cut
+// into pages. A query walks down from the top level, keeping at each level the best points whose
+// subtrees cover the pages it wants (never fewer than the field of view), scores most children
+// of each (those nearest in projection), and ranks pages by the best token it saw in each.
+// New tokens join incrementally: pages split when full and are reported dirty.
+// ../shared/research/icecache.md describes the authors' M-DCI, which this follows.
+#pragma once
+
+#include "kv/index/layout.hpp"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+struct DciOptions {
+    double promotion_first = 0.01;      ///< p0: share of level-0 tokens promoted to level 1
+    double promotion_rest = 0.2;        ///< p1: share of each higher level promoted further
+    int64_t page_size = 16;             ///< slots per page
+    int64_t exact_parent_limit = 3000;  ///< exact parent search while the level above is this small
+    int64_t anchor_interval = 120;      ///< every n-th token gets an exact parent (anchor)
+    int64_t anchor_neighbours = 30;     ///< anchors looked at on each side
+    double anchor_threshold = 0.9;  ///< accept an anchor's parent if within this share of its reach
+    int64_t construction_field_of_view = 30;  ///< beam of the approximate parent search
+    double norm_headroom = 1.25;              ///< M = headroom * largest squared norm seen at build
+};
+
+struct DciQueryOptions {
+    int64_t pages = 12;           ///< pages wanted (k)
+    int64_t field_of_view = 0;    ///< points kept per level; 0: max(tokens / 1000, 30)
+    double retrieve_share = 0.8;  ///< share of an expanded point's children scored exactly
+};
+
+struct DciQueryResult {
+    std::vector<int32_t> pages;      ///< best first, at most `pages`
+    std::vector<float> page_scores;  ///< the best q.k seen in each
+    int64_t dot_products = 0;        ///< exact q.k computed
+};
+
+/// A projection direction: head_dim + 1 standard normal draws from `seed`, normalised. One
+/// serves every index of a file.
+std::vector<float> dci_projection(int64_t head_dim, uint64_t seed);
+
+class DciIndex {
+  public:
+    /// `projection` is the direction u (d + 1 values, normalised here); the same u serves every
+    /// head of a file, as in IceCache.
+    DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions options = {});
+
+    /// Indexes `count` keys (row-major [count, head_dim]) as tokens 0..count-1, replacing any
+    /// previous content. `threads` > 1 splits the parent search.
+    void build(const float* keys, int64_t count, int threads = 1);
+    /// Appends `count` keys as the next tokens, one by one as decoding produces them.
+    void insert(const float* keys, int64_t count);
+    DciQueryResult query(const float* query, const DciQueryOptions& options) const;
+
+    /// The tree and pages as stored (live pages in id order; free ones are left out, so page ids
+    /// are renumbered by restore).
+    DciLayout layout() const;
+    /// Rebuilds an index from its keys and a stored layout; throws FormatError, naming `source`,
+    /// when the layout does not describe a valid index of these keys.
+    void restore(const float* keys, int64_t count, const DciLayout& layout,
+                 const std::string& source);
+
+    int64_t head_dim() const { return head_dim_; }
+    int64_t size() const { return static_cast<int64_t>(level_.size()); }
+    int levels() const { return static_cast<int>(level_points_.size()); }
+    /// Page ids are stable until the page is freed (ids of freed pages are reused).
+    int64_t page_capacity() const { return static_cast<int64_t>(pages_.size()); }
+    int64_t live_pages() const;
+    std::span<const int32_t> page_tokens(int32_t page) const { return pages_[page].tokens; }
+    /// The owning point, -1 for the root, -2 for a free page.
+    int32_t page_parent(int32_t page) const { return pages_[page].parent; }
+    /// A point's pages (the root's for -1), in projection order.
+    std::span<const int32_t> child_pages(int32_t parent) const { return pages_of(parent); }
+    int32_t token_page(int64_t token) const { return token_page_[token]; }
+    int level(int64_t token) const { return level_[token]; }
+    /// -1 for the points of the top level, which hang under the virtual root.
+    int32_t parent(int64_t token) const { return parent_[token]; }
+    std::span<const int32_t> level_points(int level) const { return level_points_[level]; }
+    const float* key(int64_t token) const { return keys_.data() + token * head_dim_; }
+    float projection_of(int64_t token) const { return projection_value_[token]; }
+    double max_squared_norm() const { return max_squared_norm_; }
+    /// Pages written since the last call (split, grown, emptied or re-filled), then forgotten.
+    std::vector<int32_t> take_dirty_pages();
+    /// ½|T(a) - T(b)|², the distance parents are chosen by.
+    double lifted_distance(int64_t a, int64_t b) const;
+
+  private:
+    struct Page {
+        int32_t parent = -1;          // owning point, -1 the root; -2 when free
+        std::vector<int32_t> tokens;  // in projection order
+    };
+    int32_t root_slot() const { return static_cast<int32_t>(level_.size()); }
+    std::vector<int32_t>& pages_of(int32_t parent);
+    const std::vector<int32_t>& pages_of(int32_t parent) const;
+    void reset();
+    int next_level();
+    void add_token(const float* key);
+    float project(const float* key, double squared_norm) const;
+    double lifted_distance_to(const float* key, double squared_norm, int64_t other) const;
+    void pack_level(int level);
+    int32_t nearest_exact(int64_t token, int level) const;
+    int32_t nearest_descending(int64_t token, int level) const;
+    void assign_parents(int level, int threads);
+    void lay_out_pages(int32_t parent, std::vector<int32_t> children);
+    void place(int64_t token, int32_t parent);
+    void remove(int64_t token);
+    int32_t new_page(int32_t parent);
+    void count_pages_below();
+    void reproject_and_rebuild();
+
+    int64_t head_dim_;
+    std::vector<float> direction_;  // u, unit length, d + 1 values
+    DciOptions options_;
+    double max_squared_norm_ = 0;
+
+    std::vector<float> keys_;
+    std::vector<float> squared_norm_;
+    std::vector<float> projection_value_;
+    std::vector<int8_t> level_;
+    std::vector<int32_t> parent_;
+    std::vector<float> parent_distance_;
+    std::vector<int32_t> token_page_;
+    std::vector<std::vector<int32_t>> level_points_;  // tokens of each level, in token order
+    std::vector<int64_t> promoted_;  // points at each level or above, for the promotion rule
+    std::vector<std::vector<int32_t>> child_pages_;  // per point (and the root last): its pages
+    std::vector<Page> pages_;
+    std::vector<int32_t> free_pages_;
+    std::vector<int64_t> pages_below_;  // per point (root last): level-0 pages in its subtree
+    std::vector<uint8_t> dirty_;
+    // Each level's keys and squared norms row by row, for the brute-force parent search; points
+    // only ever join a level, so the packs grow and stay valid.
+    std::vector<std::vector<float>> packed_keys_;
+    std::vector<std::vector<float>> packed_norms_;
+};
+
+}  // namespace kv

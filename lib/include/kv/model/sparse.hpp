@@ -1,0 +1,95 @@
+// Sparse decoding: which cached tokens each kv head attends to at a decoding step, under a
+// budget of resident tokens, by IceCache (pages retrieved through the DCI index) or a baseline
+// (StreamingLLM, Quest, H2O, an exact top-k oracle). Attention over the chosen tokens is an
+// exact softmax.
+//
+// The budget B counts the tokens one query head attends to: a sink (the first tokens), a window
+// (the most recent ones, including the token being decoded) and what the method retrieves. With
+// pages of 16: sink = window = 16 tokens when B <= 64, else 32, and (B - sink - window) / 16
+// retrieved pages; so B = 256 is IceCache's 2 sink + 2 window + 12 pages and B = 64 is
+// 1 + 1 + 2 pages (the authors' code cannot express 64: ../shared/research/icecache.md, 3.1).
+// Query heads sharing a kv head take the union of their choices, as IceCache does; the first
+// `dense_layers` layers attend to everything.
+#pragma once
+
+#include "kv/index/layout.hpp"
+#include "kv/model/config.hpp"
+#include "kv/model/kv_cache.hpp"
+#include "kv/model/ops.hpp"
+
+#include <torch/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+enum class SparseMethod { full, streaming, quest, h2o, topk, icecache };
+
+/// "full", "streaming", "quest", "h2o", "topk" or "icecache"; UsageError otherwise.
+SparseMethod parse_sparse_method(const std::string& name);
+const char* sparse_method_name(SparseMethod method);
+
+struct SparseOptions {
+    SparseMethod method = SparseMethod::full;
+    int64_t budget = 256;       ///< resident tokens per query head (see above)
+    int64_t page_size = 16;     ///< IceCache and Quest pages
+    int64_t dense_layers = 2;   ///< the first layers attend to every token
+    int64_t reuse_layers = 1;   ///< a choice serves this many consecutive layers (IceCache(r): 3)
+    int64_t field_of_view = 0;  ///< IceCache query; 0: max(tokens / 1000, 30)
+    double retrieve_share = 0.8;
+    bool measure_recall = false;  ///< compute the full softmax too, to report attention recall
+};
+
+/// The resident split a budget gives (see the header comment).
+struct BudgetSplit {
+    int64_t sink = 0, window = 0, retrieved = 0;  ///< tokens
+};
+BudgetSplit split_budget(int64_t budget, int64_t page_size);
+
+struct SparseStats {
+    std::vector<double> recall_sum;     ///< per layer: attention mass on the chosen tokens
+    std::vector<int64_t> recall_count;  ///< per layer: (step, query head) pairs measured
+    int64_t selections = 0;             ///< (step, sparse layer, kv head) choices made
+    int64_t selected_tokens = 0;        ///< their tokens, summed
+    int64_t index_dot_products = 0;     ///< q.k computed by IceCache's index queries
+    int64_t indexed_tokens = 0;         ///< tokens inserted or built into indexes while decoding
+    double index_seconds = 0;           ///< building and growing indexes
+    double select_seconds = 0;          ///< choosing tokens (queries included)
+};
+
+class SparseAttention {
+  public:
+    SparseAttention(const ModelConfig& config, const Rope& rope, SparseOptions options);
+    ~SparseAttention();
+    SparseAttention(const SparseAttention&) = delete;
+    SparseAttention& operator=(const SparseAttention&) = delete;
+
+    /// Cache rows [first_row, first_row + stored) came from a packet with this index, its keys
+    /// rotated by `position_offset` more positions when appended. IceCache uses it as is.
+    void add_stored_index(int64_t first_row, int64_t position_offset, const PacketIndex& index);
+
+    /// The rows each kv head attends to at this one-token step of layer `layer`: false when it
+    /// attends to all of them (dense layer, method full, or everything fits the budget).
+    /// `queries` [Hq, 1, D] after RoPE; `keys` [Hkv, S, D] including the new token.
+    bool select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
+                std::vector<std::vector<int64_t>>& rows);
+
+    const SparseOptions& options() const { return options_; }
+    const SparseStats& stats() const { return stats_; }
+
+  private:
+    struct State;
+    std::unique_ptr<State> state_;
+    SparseOptions options_;
+    SparseStats stats_;
+};
+
+/// Exact attention of one token's queries [Hq, 1, D] over the chosen rows of each kv head of
+/// keys/values [Hkv, S, D]; returns [Hq, 1, D] in the queries' dtype.
+torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Tensor& keys,
+                                  const torch::Tensor& values,
+                                  const std::vector<std::vector<int64_t>>& rows, double scale);
+
+}  // namespace kv

@@ -1,0 +1,677 @@
+#include "kv/index/dci.hpp"
+
+#include "kv/error.hpp"
+#include "kv/model/gemv.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+
+namespace kv {
+
+namespace {
+
+double dot(const float* a, const float* b, int64_t n) {
+    float sum = 0;
+    for (int64_t i = 0; i < n; ++i)
+        sum += a[i] * b[i];
+    return sum;
+}
+
+constexpr int32_t free_page = -2;
+
+}  // namespace
+
+std::vector<float> dci_projection(int64_t head_dim, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> normal(0.0, 1.0);
+    std::vector<double> draws(static_cast<std::size_t>(head_dim + 1));
+    double norm = 0;
+    for (double& value : draws) {
+        value = normal(rng);
+        norm += value * value;
+    }
+    std::vector<float> direction;
+    for (double value : draws)
+        direction.push_back(static_cast<float>(value / std::sqrt(norm)));
+    return direction;
+}
+
+DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions options)
+    : head_dim_(head_dim), direction_(std::move(projection)), options_(options) {
+    if (head_dim_ <= 0) throw UsageError("dci: head_dim must be positive");
+    if (static_cast<int64_t>(direction_.size()) != head_dim_ + 1)
+        throw UsageError(
+            "dci: the projection needs head_dim + 1 = " + std::to_string(head_dim_ + 1) +
+            " values, not " + std::to_string(direction_.size()));
+    double norm = 0;
+    for (float value : direction_)
+        norm += static_cast<double>(value) * value;
+    if (!(norm > 0) || !std::isfinite(norm)) throw UsageError("dci: the projection is zero");
+    for (float& value : direction_)
+        value = static_cast<float>(value / std::sqrt(norm));
+    if (!(options_.promotion_first > 0 && options_.promotion_first < 1) ||
+        !(options_.promotion_rest > 0 && options_.promotion_rest < 1))
+        throw UsageError("dci: promotion ratios must lie in (0, 1)");
+    if (options_.page_size < 2) throw UsageError("dci: pages need at least 2 slots");
+    if (options_.norm_headroom < 1) throw UsageError("dci: norm headroom must be at least 1");
+    reset();
+}
+
+void DciIndex::reset() {
+    keys_.clear();
+    squared_norm_.clear();
+    projection_value_.clear();
+    level_.clear();
+    parent_.clear();
+    parent_distance_.clear();
+    token_page_.clear();
+    level_points_.assign(1, {});
+    promoted_.assign(2, 0);
+    child_pages_.assign(1, {});  // the root's
+    pages_.clear();
+    free_pages_.clear();
+    pages_below_.assign(1, 0);
+    dirty_.clear();
+    packed_keys_.clear();
+    packed_norms_.clear();
+    max_squared_norm_ = 0;
+}
+
+std::vector<int32_t>& DciIndex::pages_of(int32_t parent) {
+    return child_pages_[parent < 0 ? child_pages_.size() - 1 : static_cast<std::size_t>(parent)];
+}
+const std::vector<int32_t>& DciIndex::pages_of(int32_t parent) const {
+    return child_pages_[parent < 0 ? child_pages_.size() - 1 : static_cast<std::size_t>(parent)];
+}
+
+// Deterministic promotion: the next token rises a level while that level would otherwise hold
+// fewer than p times the points of the level below (systematic sampling in token order).
+int DciIndex::next_level() {
+    int level = 0;
+    ++promoted_[0];
+    for (;;) {
+        const double share = level == 0 ? options_.promotion_first : options_.promotion_rest;
+        const auto above = static_cast<std::size_t>(level + 1);
+        if (static_cast<double>(promoted_[above] + 1) >
+            share * static_cast<double>(promoted_[above - 1]) + 1e-9)
+            return level;
+        ++level;
+        ++promoted_[above];
+        if (promoted_.size() <= above + 1) promoted_.push_back(0);
+    }
+}
+
+void DciIndex::add_token(const float* key) {
+    keys_.insert(keys_.end(), key, key + head_dim_);
+    const double squared = dot(key, key, head_dim_);
+    squared_norm_.push_back(static_cast<float>(squared));
+    const int level = next_level();
+    if (level > 127) throw Error("dci: too many levels");
+    const auto token = static_cast<int32_t>(level_.size());
+    level_.push_back(static_cast<int8_t>(level));
+    parent_.push_back(-1);
+    parent_distance_.push_back(0);
+    token_page_.push_back(-1);
+    projection_value_.push_back(0);
+    while (static_cast<int>(level_points_.size()) <= level)
+        level_points_.emplace_back();
+    level_points_[level].push_back(token);
+    // Points own a slot in the per-point tables; the root's stays last.
+    child_pages_.insert(child_pages_.end() - 1, std::vector<int32_t>{});
+    pages_below_.insert(pages_below_.end() - 1, 0);
+}
+
+float DciIndex::project(const float* key, double squared_norm) const {
+    const double tail = std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm));
+    return static_cast<float>(dot(direction_.data(), key, head_dim_) +
+                              tail * direction_[static_cast<std::size_t>(head_dim_)]);
+}
+
+double DciIndex::lifted_distance_to(const float* key, double squared_norm, int64_t other) const {
+    const double tails = std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm) *
+                                   std::max(0.0, max_squared_norm_ - squared_norm_[other]));
+    return max_squared_norm_ - dot(key, this->key(other), head_dim_) - tails;
+}
+
+double DciIndex::lifted_distance(int64_t a, int64_t b) const {
+    return lifted_distance_to(key(a), squared_norm_[a], b);
+}
+
+void DciIndex::pack_level(int level) {
+    if (static_cast<int>(packed_keys_.size()) <= level) {
+        packed_keys_.resize(static_cast<std::size_t>(level) + 1);
+        packed_norms_.resize(static_cast<std::size_t>(level) + 1);
+    }
+    std::vector<float>& packed = packed_keys_[static_cast<std::size_t>(level)];
+    std::vector<float>& norms = packed_norms_[static_cast<std::size_t>(level)];
+    const std::vector<int32_t>& points = level_points_[static_cast<std::size_t>(level)];
+    for (std::size_t i = norms.size(); i < points.size(); ++i) {
+        packed.insert(packed.end(), key(points[i]), key(points[i]) + head_dim_);
+        norms.push_back(squared_norm_[static_cast<std::size_t>(points[i])]);
+    }
+}
+
+// Brute force over a level packed row by row: one row kernel for the dot products.
+int32_t DciIndex::nearest_exact(int64_t token, int level) const {
+    const std::vector<int32_t>& points = level_points_[static_cast<std::size_t>(level)];
+    const std::vector<float>& packed = packed_keys_[static_cast<std::size_t>(level)];
+    const std::vector<float>& norms = packed_norms_[static_cast<std::size_t>(level)];
+    const std::size_t count = norms.size();  // packed by pack_level before any search
+    std::vector<float> dots(count);
+    dot_rows_f32(packed.data(), key(token), dots.data(), static_cast<int64_t>(count), head_dim_);
+    const double tail = std::sqrt(
+        std::max(0.0, max_squared_norm_ - squared_norm_[static_cast<std::size_t>(token)]));
+    int32_t best = -1;
+    double best_distance = std::numeric_limits<double>::infinity();
+    for (std::size_t i = 0; i < count; ++i) {
+        const double distance = max_squared_norm_ - dots[i] -
+                                tail * std::sqrt(std::max(0.0, max_squared_norm_ - norms[i]));
+        if (distance < best_distance) best_distance = distance, best = points[i];
+    }
+    return best;
+}
+
+// The approximate parent search for a large level: a beam of the construction field of view
+// carried down from the top level through each kept point's children.
+int32_t DciIndex::nearest_descending(int64_t token, int level) const {
+    const int top = levels() - 1;
+    const auto beam_width =
+        static_cast<std::size_t>(std::max<int64_t>(1, options_.construction_field_of_view));
+    std::vector<std::pair<double, int32_t>> beam;
+    for (int32_t point : level_points_[top])
+        beam.emplace_back(lifted_distance(token, point), point);
+    for (int current = top; current > level + 1; --current) {
+        std::sort(beam.begin(), beam.end());
+        if (beam.size() > beam_width) beam.resize(beam_width);
+        std::vector<std::pair<double, int32_t>> next;
+        for (const auto& [distance, point] : beam)
+            for (int32_t page : pages_of(point))
+                for (int32_t child : pages_[page].tokens)
+                    if (level_[child] == current - 1)
+                        next.emplace_back(lifted_distance(token, child), child);
+        if (next.empty()) break;  // unreachable with a consistent tree
+        beam = std::move(next);
+    }
+    return std::min_element(beam.begin(), beam.end())->second;
+}
+
+void DciIndex::assign_parents(int level, int threads) {
+    const std::vector<int32_t>& points = level_points_[level];
+    const int top = levels() - 1;
+    if (level == top) {
+        for (int32_t point : points)
+            parent_[point] = -1, parent_distance_[point] = 0;
+        return;
+    }
+    const std::size_t above = level_points_[level + 1].size();
+    const bool exact = static_cast<int64_t>(above) <= options_.exact_parent_limit;
+    pack_level(level + 1);
+    auto assign_exact = [&](std::size_t begin, std::size_t end, const std::vector<int32_t>& which) {
+        for (std::size_t i = begin; i < end; ++i) {
+            const int32_t point = which[i];
+            parent_[point] = nearest_exact(point, level + 1);
+            parent_distance_[point] = static_cast<float>(lifted_distance(point, parent_[point]));
+        }
+    };
+    auto in_parallel = [&](const std::vector<int32_t>& which, auto&& work) {
+        const std::size_t count = which.size();
+        const std::size_t workers =
+            std::min<std::size_t>(static_cast<std::size_t>(std::max(1, threads)), count / 64 + 1);
+        if (workers <= 1) return work(0, count, which);
+        std::vector<std::thread> pool;
+        for (std::size_t w = 0; w < workers; ++w)
+            pool.emplace_back(
+                [&, w] { work(count * w / workers, count * (w + 1) / workers, which); });
+        for (std::thread& thread : pool)
+            thread.join();
+    };
+    if (exact) return in_parallel(points, assign_exact);
+
+    // The anchor shortcut: neighbouring tokens tend to share a cluster, so every n-th token
+    // (and the last) gets an exact parent, and the others try their nearby anchors' parents
+    // first, accepting one well inside its reach.
+    const auto interval = static_cast<std::size_t>(std::max<int64_t>(1, options_.anchor_interval));
+    std::vector<int32_t> anchors;
+    std::vector<std::size_t> anchor_at;  // index in points of each anchor
+    for (std::size_t i = 0; i < points.size(); i += interval)
+        anchors.push_back(points[i]), anchor_at.push_back(i);
+    if (anchor_at.back() != points.size() - 1)
+        anchors.push_back(points.back()), anchor_at.push_back(points.size() - 1);
+    in_parallel(anchors, assign_exact);
+    std::vector<double> reach(level_.size(), 0.0);
+    for (int32_t anchor : anchors)
+        reach[parent_[anchor]] = std::max<double>(reach[parent_[anchor]], parent_distance_[anchor]);
+
+    const auto neighbours =
+        static_cast<std::size_t>(std::max<int64_t>(1, options_.anchor_neighbours));
+    in_parallel(points, [&](std::size_t begin, std::size_t end, const std::vector<int32_t>&) {
+        std::vector<int32_t> candidates;
+        for (std::size_t i = begin; i < end; ++i) {
+            const int32_t point = points[i];
+            const std::size_t slot = static_cast<std::size_t>(
+                std::upper_bound(anchor_at.begin(), anchor_at.end(), i) - anchor_at.begin());
+            if (slot > 0 && anchor_at[slot - 1] == i) continue;  // an anchor itself
+            candidates.clear();
+            const std::size_t first = slot > neighbours ? slot - neighbours : 0;
+            const std::size_t last = std::min(anchors.size(), slot + neighbours);
+            for (std::size_t a = first; a < last; ++a)
+                candidates.push_back(parent_[anchors[a]]);
+            std::sort(candidates.begin(), candidates.end());
+            candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+            int32_t best = -1;
+            double best_distance = std::numeric_limits<double>::infinity();
+            for (int32_t candidate : candidates) {
+                const double distance = lifted_distance(point, candidate);
+                if (distance < best_distance) best_distance = distance, best = candidate;
+            }
+            if (best < 0 || reach[best] * options_.anchor_threshold < best_distance) {
+                best = nearest_descending(point, level);
+                best_distance = lifted_distance(point, best);
+            }
+            parent_[point] = best;
+            parent_distance_[point] = static_cast<float>(best_distance);
+        }
+    });
+}
+
+int32_t DciIndex::new_page(int32_t parent) {
+    int32_t page;
+    if (!free_pages_.empty()) {
+        page = free_pages_.back();
+        free_pages_.pop_back();
+    } else {
+        page = static_cast<int32_t>(pages_.size());
+        pages_.emplace_back();
+        dirty_.push_back(0);
+    }
+    pages_[page].parent = parent;
+    pages_[page].tokens.clear();
+    dirty_[page] = 1;
+    return page;
+}
+
+// Bulk layout: the children in projection order, cut into ceil(n / size) pages as evenly as
+// possible (M-DCI's bulk load).
+void DciIndex::lay_out_pages(int32_t parent, std::vector<int32_t> children) {
+    std::sort(children.begin(), children.end(), [&](int32_t a, int32_t b) {
+        return projection_value_[a] != projection_value_[b]
+                   ? projection_value_[a] < projection_value_[b]
+                   : a < b;
+    });
+    const auto size = static_cast<std::size_t>(options_.page_size);
+    std::size_t remaining_pages = (children.size() + size - 1) / size;
+    std::size_t next = 0;
+    while (next < children.size()) {
+        const std::size_t take = (children.size() - next) / remaining_pages--;
+        const int32_t page = new_page(parent);
+        pages_of(parent).push_back(page);
+        for (std::size_t i = next; i < next + take; ++i) {
+            pages_[page].tokens.push_back(children[i]);
+            token_page_[children[i]] = page;
+        }
+        next += take;
+    }
+}
+
+void DciIndex::count_pages_below() {
+    std::fill(pages_below_.begin(), pages_below_.end(), 0);
+    if (levels() == 1) {
+        pages_below_.back() = static_cast<int64_t>(pages_of(-1).size());
+        return;
+    }
+    for (int32_t point : level_points_[1])
+        pages_below_[point] = static_cast<int64_t>(pages_of(point).size());
+    for (int level = 1; level < levels(); ++level)
+        for (int32_t point : level_points_[level]) {
+            const int32_t parent = parent_[point];
+            pages_below_[parent < 0 ? pages_below_.size() - 1 : static_cast<std::size_t>(parent)] +=
+                pages_below_[point];
+        }
+}
+
+void DciIndex::build(const float* keys, int64_t count, int threads) {
+    if (count < 0) throw UsageError("dci: negative key count");
+    reset();
+    keys_.reserve(static_cast<std::size_t>(count * head_dim_));
+    for (int64_t token = 0; token < count; ++token)
+        add_token(keys + token * head_dim_);
+    double largest = 0;
+    for (float squared : squared_norm_)
+        largest = std::max<double>(largest, squared);
+    max_squared_norm_ = largest > 0 ? largest * options_.norm_headroom : 1.0;
+    for (int64_t token = 0; token < count; ++token)
+        projection_value_[token] = project(key(token), squared_norm_[token]);
+    // Top down, so that a level's pages exist when the level below searches through them.
+    for (int level = levels() - 1; level >= 0; --level) {
+        assign_parents(level, threads);
+        std::vector<std::vector<int32_t>> children(level_.size() + 1);
+        for (int32_t point : level_points_[level])
+            children[parent_[point] < 0 ? level_.size() : static_cast<std::size_t>(parent_[point])]
+                .push_back(point);
+        for (std::size_t owner = 0; owner < children.size(); ++owner)
+            if (!children[owner].empty())
+                lay_out_pages(owner == level_.size() ? -1 : static_cast<int32_t>(owner),
+                              std::move(children[owner]));
+    }
+    count_pages_below();
+}
+
+void DciIndex::place(int64_t token, int32_t parent) {
+    parent_[token] = parent;
+    parent_distance_[token] =
+        parent < 0 ? 0.0f : static_cast<float>(lifted_distance(token, parent));
+    std::vector<int32_t>& owned = pages_of(parent);
+    if (owned.empty()) owned.push_back(new_page(parent));
+    const float value = projection_value_[token];
+    // The first page whose last token is not below the new one, else the last page.
+    std::size_t slot = 0;
+    while (slot + 1 < owned.size() && projection_value_[pages_[owned[slot]].tokens.back()] < value)
+        ++slot;
+    const int32_t page = owned[slot];
+    std::vector<int32_t>& tokens = pages_[page].tokens;
+    const auto at = std::upper_bound(tokens.begin(), tokens.end(), value,
+                                     [&](float v, int32_t t) { return v < projection_value_[t]; });
+    tokens.insert(at, static_cast<int32_t>(token));
+    token_page_[token] = page;
+    dirty_[page] = 1;
+    if (static_cast<int64_t>(tokens.size()) > options_.page_size) {
+        // Split in halves; the upper half moves to a new page right after this one.
+        const int32_t upper = new_page(parent);
+        std::vector<int32_t>& full = pages_[page].tokens;  // new_page may have grown pages_
+        const std::size_t half = full.size() / 2;
+        pages_[upper].tokens.assign(full.begin() + static_cast<std::ptrdiff_t>(half), full.end());
+        full.resize(half);
+        for (int32_t moved : pages_[upper].tokens)
+            token_page_[moved] = upper;
+        std::vector<int32_t>& list = pages_of(parent);
+        list.insert(list.begin() + static_cast<std::ptrdiff_t>(slot) + 1, upper);
+    }
+}
+
+void DciIndex::remove(int64_t token) {
+    const int32_t page = token_page_[token];
+    std::vector<int32_t>& tokens = pages_[page].tokens;
+    tokens.erase(std::find(tokens.begin(), tokens.end(), static_cast<int32_t>(token)));
+    token_page_[token] = -1;
+    dirty_[page] = 1;
+    if (tokens.empty()) {
+        std::vector<int32_t>& list = pages_of(pages_[page].parent);
+        list.erase(std::find(list.begin(), list.end(), page));
+        pages_[page].parent = free_page;
+        free_pages_.push_back(page);
+    }
+}
+
+void DciIndex::reproject_and_rebuild() {
+    // A key beyond the norm bound changes every lifted coordinate: lay everything out again.
+    const std::vector<float> keys = keys_;
+    const int64_t count = size();
+    const std::size_t old_pages = pages_.size();
+    build(keys.data(), count, 1);
+    if (dirty_.size() < old_pages) dirty_.resize(old_pages, 0);
+    std::fill(dirty_.begin(), dirty_.end(), 1);
+}
+
+void DciIndex::insert(const float* keys, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) {
+        const float* key = keys + i * head_dim_;
+        const int previous_levels = levels();
+        add_token(key);
+        const auto token = static_cast<int32_t>(size() - 1);
+        if (squared_norm_[token] > max_squared_norm_) {
+            reproject_and_rebuild();
+            continue;
+        }
+        projection_value_[token] = project(key, squared_norm_[token]);
+        const int level = level_[token];
+        const int top = levels() - 1;
+        if (top > 0 && levels() > previous_levels) {
+            // A new top level: the former top points (the root's children) move under it.
+            std::vector<int32_t> former(level_points_[top - 1].begin(),
+                                        level_points_[top - 1].end());
+            former.erase(std::remove(former.begin(), former.end(), token), former.end());
+            for (int32_t point : former)
+                remove(point);
+            for (int32_t point : former)
+                place(point, token);
+            place(token, -1);
+        } else if (level == top) {
+            place(token, -1);
+        } else {
+            const bool exact = static_cast<int64_t>(level_points_[level + 1].size()) <=
+                               options_.exact_parent_limit;
+            pack_level(level + 1);
+            place(token,
+                  exact ? nearest_exact(token, level + 1) : nearest_descending(token, level));
+        }
+        if (level >= 1 && !(top > 0 && levels() > previous_levels)) {
+            // A new parent adopts the points one level down that are closer to it.
+            for (int32_t point : level_points_[level - 1]) {
+                if (point == token) continue;
+                if (lifted_distance(point, token) < parent_distance_[point]) {
+                    remove(point);
+                    place(point, token);
+                }
+            }
+        }
+        count_pages_below();
+    }
+}
+
+DciLayout DciIndex::layout() const {
+    DciLayout out;
+    out.max_squared_norm = max_squared_norm_;
+    out.levels = level_;
+    out.parents = parent_;
+    for (const Page& page : pages_) {
+        if (page.parent == free_page) continue;
+        out.page_sizes.push_back(static_cast<int32_t>(page.tokens.size()));
+        out.page_tokens.insert(out.page_tokens.end(), page.tokens.begin(), page.tokens.end());
+    }
+    return out;
+}
+
+void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout,
+                       const std::string& source) {
+    auto fail = [&](const std::string& what) {
+        throw FormatError(source + ": invalid index: " + what);
+    };
+    const auto n = static_cast<std::size_t>(count);
+    if (layout.levels.size() != n || layout.parents.size() != n || layout.page_tokens.size() != n)
+        fail("it describes " + std::to_string(layout.levels.size()) + " tokens, the keys " +
+             std::to_string(count));
+    if (!(layout.max_squared_norm > 0) || !std::isfinite(layout.max_squared_norm))
+        fail("max_squared_norm must be positive");
+    reset();
+    keys_.reserve(n * static_cast<std::size_t>(head_dim_));
+    int top = 0;
+    for (int8_t level : layout.levels) {
+        if (level < 0) fail("negative level");
+        top = std::max<int>(top, level);
+    }
+    level_points_.assign(static_cast<std::size_t>(top) + 1, {});
+    promoted_.assign(static_cast<std::size_t>(top) + 2, 0);
+    for (std::size_t token = 0; token < n; ++token) {
+        const float* key = keys + token * static_cast<std::size_t>(head_dim_);
+        keys_.insert(keys_.end(), key, key + head_dim_);
+        squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
+        const int level = layout.levels[token];
+        level_.push_back(static_cast<int8_t>(level));
+        level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
+        for (int up = 0; up <= level; ++up)
+            ++promoted_[static_cast<std::size_t>(up)];
+    }
+    for (int level = 0; level < top; ++level)
+        if (level_points_[static_cast<std::size_t>(level) + 1].empty()) fail("an empty level");
+    max_squared_norm_ = layout.max_squared_norm;
+    for (float squared : squared_norm_)
+        if (squared > max_squared_norm_) fail("a key is longer than max_squared_norm allows");
+    parent_ = layout.parents;
+    parent_distance_.assign(n, 0);
+    token_page_.assign(n, -1);
+    projection_value_.resize(n);
+    child_pages_.assign(n + 1, {});
+    pages_below_.assign(n + 1, 0);
+    for (std::size_t token = 0; token < n; ++token) {
+        projection_value_[token] = project(key(static_cast<int64_t>(token)), squared_norm_[token]);
+        const int32_t parent = parent_[token];
+        if (level_[token] == top) {
+            if (parent != -1) fail("a top-level token has a parent");
+        } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
+                   level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
+            fail("token " + std::to_string(token) + " has no parent one level up");
+        } else {
+            parent_distance_[token] =
+                static_cast<float>(lifted_distance(static_cast<int64_t>(token), parent));
+        }
+    }
+    std::size_t next = 0;
+    for (int32_t size : layout.page_sizes) {
+        if (size <= 0 || size > options_.page_size || next + static_cast<std::size_t>(size) > n)
+            fail("a page of " + std::to_string(size) + " tokens");
+        const int32_t first = layout.page_tokens[next];
+        if (first < 0 || static_cast<std::size_t>(first) >= n) fail("a token out of range");
+        const int32_t parent = parent_[static_cast<std::size_t>(first)];
+        const int32_t page = new_page(parent);
+        dirty_[static_cast<std::size_t>(page)] = 0;
+        for (int32_t i = 0; i < size; ++i, ++next) {
+            const int32_t token = layout.page_tokens[next];
+            if (token < 0 || static_cast<std::size_t>(token) >= n) fail("a token out of range");
+            if (token_page_[static_cast<std::size_t>(token)] >= 0)
+                fail("token " + std::to_string(token) + " is in two pages");
+            if (parent_[static_cast<std::size_t>(token)] != parent)
+                fail("a page mixes the children of two parents");
+            pages_[static_cast<std::size_t>(page)].tokens.push_back(token);
+            token_page_[static_cast<std::size_t>(token)] = page;
+        }
+        // Keys rotated back after kvpack, or stored in another dtype, may reorder near-equal
+        // projections by a rounding: order each page again rather than refuse it.
+        std::vector<int32_t>& members = pages_[static_cast<std::size_t>(page)].tokens;
+        std::stable_sort(members.begin(), members.end(), [&](int32_t a, int32_t b) {
+            return projection_value_[static_cast<std::size_t>(a)] <
+                   projection_value_[static_cast<std::size_t>(b)];
+        });
+        pages_of(parent).push_back(page);
+    }
+    if (next != n) fail("the pages do not hold every token");
+    // A parent's pages in projection order.
+    for (std::vector<int32_t>& owned : child_pages_)
+        std::sort(owned.begin(), owned.end(), [&](int32_t a, int32_t b) {
+            return projection_value_[static_cast<std::size_t>(
+                       pages_[static_cast<std::size_t>(a)].tokens.front())] <
+                   projection_value_[static_cast<std::size_t>(
+                       pages_[static_cast<std::size_t>(b)].tokens.front())];
+        });
+    count_pages_below();
+}
+
+int64_t DciIndex::live_pages() const {
+    return static_cast<int64_t>(pages_.size() - free_pages_.size());
+}
+
+std::vector<int32_t> DciIndex::take_dirty_pages() {
+    std::vector<int32_t> pages;
+    for (std::size_t page = 0; page < dirty_.size(); ++page)
+        if (dirty_[page]) pages.push_back(static_cast<int32_t>(page)), dirty_[page] = 0;
+    return pages;
+}
+
+DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& options) const {
+    DciQueryResult result;
+    if (size() == 0 || options.pages <= 0) return result;
+    const int64_t field_of_view =
+        options.field_of_view > 0 ? options.field_of_view : std::max<int64_t>(size() / 1000, 30);
+    const double share = std::clamp(options.retrieve_share, 0.0, 1.0);
+    const double query_norm = std::sqrt(dot(query, query, head_dim_));
+    // The query lifted onto the keys' sphere, [sqrt(M) q/|q|, 0]: then |T(k) - T(q)|² =
+    // 2M - 2 sqrt(M) q.k/|q| ranks keys exactly as q.k does, and nearness in projection means
+    // something. (M-DCI projects q/|q|, of norm 1 against keys of norm sqrt(M): with real key
+    // norms that picks children almost at random, which its 80% share hides.)
+    const float query_projection =
+        query_norm > 0 ? static_cast<float>(std::sqrt(max_squared_norm_) *
+                                            dot(direction_.data(), query, head_dim_) / query_norm)
+                       : 0.0f;
+
+    std::vector<float> page_best(pages_.size(), -std::numeric_limits<float>::infinity());
+    std::vector<int32_t> touched;
+    std::vector<float> scores;
+    using Scored = std::pair<float, int32_t>;  // q.k, token
+
+    // Scores the children of `owner` nearest the query in projection: all of them, or `share`.
+    auto expand = [&](int32_t owner, double take_share, std::vector<Scored>& out) {
+        std::vector<int32_t> children;
+        for (int32_t page : pages_of(owner))
+            children.insert(children.end(), pages_[page].tokens.begin(), pages_[page].tokens.end());
+        if (children.empty()) return;
+        const auto wanted = static_cast<std::size_t>(
+            std::max(1.0, std::ceil(take_share * static_cast<double>(children.size()))));
+        std::vector<int32_t> chosen;
+        if (wanted >= children.size()) {
+            chosen = std::move(children);
+        } else {
+            auto right = static_cast<std::size_t>(
+                std::lower_bound(children.begin(), children.end(), query_projection,
+                                 [&](int32_t t, float v) { return projection_value_[t] < v; }) -
+                children.begin());
+            std::size_t left = right;  // [left, right) taken so far
+            while (chosen.size() < wanted) {
+                const bool take_left =
+                    right >= children.size() ||
+                    (left > 0 && query_projection - projection_value_[children[left - 1]] <
+                                     projection_value_[children[right]] - query_projection);
+                chosen.push_back(take_left ? children[--left] : children[right++]);
+            }
+        }
+        // One row kernel over the chosen keys, gathered.
+        std::vector<float> rows(chosen.size() * static_cast<std::size_t>(head_dim_));
+        for (std::size_t i = 0; i < chosen.size(); ++i)
+            std::copy_n(key(chosen[i]), head_dim_,
+                        rows.data() + i * static_cast<std::size_t>(head_dim_));
+        scores.resize(chosen.size());
+        dot_rows_f32(rows.data(), query, scores.data(), static_cast<int64_t>(chosen.size()),
+                     head_dim_);
+        result.dot_products += static_cast<int64_t>(chosen.size());
+        for (std::size_t i = 0; i < chosen.size(); ++i) {
+            const int32_t page = token_page_[chosen[i]];
+            if (page_best[page] == -std::numeric_limits<float>::infinity()) touched.push_back(page);
+            page_best[page] = std::max(page_best[page], scores[i]);
+            out.emplace_back(scores[i], chosen[i]);
+        }
+    };
+
+    std::vector<Scored> current;
+    expand(-1, levels() > 1 ? 1.0 : share, current);
+    for (int level = levels() - 1; level > 0; --level) {
+        std::sort(current.begin(), current.end(), std::greater<>());
+        // Keep the best points whose subtrees cover the pages wanted, never fewer than the field
+        // of view; where coverage needs more, the view widens (M-DCI aborts there).
+        std::size_t keep = 0;
+        int64_t covered = 0;
+        while (keep < current.size() &&
+               (covered < options.pages || static_cast<int64_t>(keep) < field_of_view))
+            covered += pages_below_[static_cast<std::size_t>(current[keep++].second)];
+        // Upper points have about 1/p1 children each: all are scored, since a point missed
+        // there loses its whole subtree. The share applies where the children are many.
+        std::vector<Scored> next;
+        for (std::size_t i = 0; i < keep; ++i)
+            expand(current[i].second, level == 1 ? share : 1.0, next);
+        current = std::move(next);
+    }
+
+    std::sort(touched.begin(), touched.end(), [&](int32_t a, int32_t b) {
+        return page_best[a] != page_best[b] ? page_best[a] > page_best[b] : a < b;
+    });
+    if (static_cast<int64_t>(touched.size()) > options.pages)
+        touched.resize(static_cast<std::size_t>(options.pages));
+    result.pages = touched;
+    for (int32_t page : touched)
+        result.page_scores.push_back(page_best[page]);
+    return result;
+}
+
+}  // namespace kv

@@ -1,0 +1,467 @@
+#include "kv/model/sparse.hpp"
+
+#include "kv/error.hpp"
+#include "kv/index/dci.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace kv {
+
+SparseMethod parse_sparse_method(const std::string& name) {
+    for (SparseMethod method : {SparseMethod::full, SparseMethod::streaming, SparseMethod::quest,
+                                SparseMethod::h2o, SparseMethod::topk, SparseMethod::icecache})
+        if (name == sparse_method_name(method)) return method;
+    throw UsageError("unknown attention method " + kv::quoted(name) +
+                     " (full, icecache, streaming, quest, h2o or topk)");
+}
+
+const char* sparse_method_name(SparseMethod method) {
+    switch (method) {
+        case SparseMethod::full:
+            return "full";
+        case SparseMethod::streaming:
+            return "streaming";
+        case SparseMethod::quest:
+            return "quest";
+        case SparseMethod::h2o:
+            return "h2o";
+        case SparseMethod::topk:
+            return "topk";
+        case SparseMethod::icecache:
+            return "icecache";
+    }
+    return "?";
+}
+
+BudgetSplit split_budget(int64_t budget, int64_t page_size) {
+    BudgetSplit split;
+    split.sink = split.window = budget <= 4 * page_size ? page_size : 2 * page_size;
+    split.retrieved = std::max<int64_t>(0, budget - split.sink - split.window);
+    return split;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Row r of a [S, D] float32 tensor.
+const float* row_of(const torch::Tensor& rows, int64_t r) {
+    return rows.data_ptr<float>() + r * rows.size(1);
+}
+
+// The best `count` of `scores` (indices), best first.
+std::vector<int64_t> best_indices(const std::vector<float>& scores, int64_t count) {
+    std::vector<int64_t> order(scores.size());
+    std::iota(order.begin(), order.end(), 0);
+    const auto keep =
+        std::min<std::size_t>(order.size(), static_cast<std::size_t>(std::max<int64_t>(0, count)));
+    std::partial_sort(
+        order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+        [&](int64_t a, int64_t b) {
+            return scores[static_cast<std::size_t>(a)] != scores[static_cast<std::size_t>(b)]
+                       ? scores[static_cast<std::size_t>(a)] > scores[static_cast<std::size_t>(b)]
+                       : a < b;
+        });
+    order.resize(keep);
+    return order;
+}
+
+}  // namespace
+
+// One index segment: rows [first_row, first_row + size) of the cache, indexed per (layer, head)
+// with keys rotated back by `delta` positions.
+struct Segment {
+    int64_t first_row = 0;
+    int64_t delta = 0;
+    const PacketIndex* stored = nullptr;  // restored lazily from this, per layer
+    int64_t stored_segment = 0;
+    int64_t stored_count = 0;
+    std::vector<std::unique_ptr<DciIndex>> indexes;  // per layer * kv_heads + head
+};
+
+struct SparseAttention::State {
+    ModelConfig config;
+    const Rope& rope;
+    BudgetSplit split;
+    std::vector<float> projection;
+    std::vector<std::unique_ptr<PacketIndex>> stored_indexes;
+    std::vector<Segment> segments;                             // by first row
+    std::vector<int64_t> covered;                              // per layer: rows indexed so far
+    std::vector<std::vector<std::vector<int64_t>>> last_rows;  // per layer, for reuse
+    // Quest: per plane, per-channel minimum and maximum of each token-order page.
+    std::vector<std::vector<float>> page_min, page_max;
+    // H2O: per plane, the kept rows and every row's accumulated attention.
+    std::vector<std::vector<int64_t>> kept;
+    std::vector<std::vector<double>> accumulated;
+    std::vector<int64_t> seen;  // per plane: rows added to `kept` so far
+
+    State(const ModelConfig& c, const Rope& r) : config(c), rope(r) {}
+};
+
+SparseAttention::SparseAttention(const ModelConfig& config, const Rope& rope, SparseOptions options)
+    : state_(std::make_unique<State>(config, rope)), options_(options) {
+    if (options_.budget < 4 * options_.page_size && options_.method != SparseMethod::full)
+        throw UsageError("--budget must be at least " + std::to_string(4 * options_.page_size) +
+                         " tokens (sink, window and two pages of " +
+                         std::to_string(options_.page_size) + "), not " +
+                         std::to_string(options_.budget));
+    if (options_.dense_layers < 0) throw UsageError("--dense-layers must be >= 0");
+    if (options_.reuse_layers < 1) throw UsageError("--reuse-layers must be >= 1");
+    State& s = *state_;
+    s.split = split_budget(options_.budget, options_.page_size);
+    const auto planes = static_cast<std::size_t>(config.num_layers * config.num_kv_heads);
+    s.covered.assign(static_cast<std::size_t>(config.num_layers), 0);
+    s.last_rows.resize(static_cast<std::size_t>(config.num_layers));
+    s.page_min.resize(planes);
+    s.page_max.resize(planes);
+    s.kept.resize(planes);
+    s.accumulated.resize(planes);
+    s.seen.assign(planes, 0);
+    stats_.recall_sum.assign(static_cast<std::size_t>(config.num_layers), 0.0);
+    stats_.recall_count.assign(static_cast<std::size_t>(config.num_layers), 0);
+    // Indexes built while decoding use the direction kvindex draws by default.
+    s.projection = dci_projection(config.head_dim, 1);
+}
+
+SparseAttention::~SparseAttention() = default;
+
+void SparseAttention::add_stored_index(int64_t first_row, int64_t position_offset,
+                                       const PacketIndex& index) {
+    if (index.empty() || options_.method != SparseMethod::icecache) return;
+    State& s = *state_;
+    s.stored_indexes.push_back(std::make_unique<PacketIndex>(index));
+    const PacketIndex* kept = s.stored_indexes.back().get();
+    for (std::size_t i = 0; i < kept->segments.size(); ++i) {
+        Segment segment;
+        segment.first_row = first_row + kept->segments[i].first;
+        segment.delta = kept->segments[i].delta + position_offset;
+        segment.stored = kept;
+        segment.stored_segment = static_cast<int64_t>(i);
+        segment.stored_count = kept->segments[i].count;
+        segment.indexes.resize(
+            static_cast<std::size_t>(s.config.num_layers * s.config.num_kv_heads));
+        s.segments.push_back(std::move(segment));
+    }
+    std::sort(s.segments.begin(), s.segments.end(),
+              [](const Segment& a, const Segment& b) { return a.first_row < b.first_row; });
+}
+
+namespace {
+
+// The keys of rows [first, first + count) of one head, float32, rotated back by delta.
+torch::Tensor index_keys(const torch::Tensor& keys, int64_t head, int64_t first, int64_t count,
+                         int64_t delta, const Rope& rope) {
+    torch::Tensor rows = keys[head].narrow(0, first, count).to(torch::kCPU, torch::kFloat32);
+    if (delta != 0) rows = rope.shift(rows, -delta);
+    return rows.contiguous();
+}
+
+}  // namespace
+
+bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
+                             std::vector<std::vector<int64_t>>& rows) {
+    if (options_.method == SparseMethod::full || layer < options_.dense_layers) return false;
+    State& s = *state_;
+    const int64_t total = keys.size(1);
+    if (total <= options_.budget) return false;
+    const auto started = Clock::now();
+    const int64_t kv_heads = keys.size(0), query_heads = queries.size(0);
+    const int64_t group = query_heads / kv_heads, dim = keys.size(2);
+    const int64_t sink = s.split.sink;
+    const int64_t window_start = total - s.split.window;
+    const auto layer_slot = static_cast<std::size_t>(layer);
+    const torch::Tensor q =
+        queries.reshape({query_heads, dim}).to(torch::kCPU, torch::kFloat32).contiguous();
+
+    auto resident = [&](std::vector<int64_t>& chosen, int64_t window_from) {
+        for (int64_t r = 0; r < std::min(sink, total); ++r)
+            chosen.push_back(r);
+        for (int64_t r = std::max<int64_t>(0, window_from); r < total; ++r)
+            chosen.push_back(r);
+        std::sort(chosen.begin(), chosen.end());
+        chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+    };
+
+    const bool reusable = options_.method == SparseMethod::icecache ||
+                          options_.method == SparseMethod::quest ||
+                          options_.method == SparseMethod::topk;
+    const bool reuse = reusable && options_.reuse_layers > 1 &&
+                       (layer - options_.dense_layers) % options_.reuse_layers != 0 &&
+                       !s.last_rows[layer_slot - 1].empty();
+    rows.assign(static_cast<std::size_t>(kv_heads), {});
+    if (reuse) {
+        rows = s.last_rows[layer_slot - 1];
+        // The newest token joined after the earlier layer chose: it is in the window.
+        for (auto& chosen : rows)
+            resident(chosen, window_start);
+    } else if (options_.method == SparseMethod::streaming) {
+        for (auto& chosen : rows)
+            resident(chosen, total - (options_.budget - sink));
+    } else if (options_.method == SparseMethod::topk) {
+        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            const torch::Tensor middle =
+                all[head].narrow(0, sink, std::max<int64_t>(0, window_start - sink));
+            const torch::Tensor scores =
+                torch::matmul(q.narrow(0, head * group, group), middle.t());
+            auto& chosen = rows[static_cast<std::size_t>(head)];
+            for (int64_t member = 0; member < group; ++member) {
+                const torch::Tensor row = scores[member].contiguous();
+                std::vector<float> values(row.data_ptr<float>(),
+                                          row.data_ptr<float>() + row.numel());
+                for (int64_t index : best_indices(values, s.split.retrieved))
+                    chosen.push_back(sink + index);
+            }
+            resident(chosen, window_start);
+        }
+    } else if (options_.method == SparseMethod::quest) {
+        const int64_t page = options_.page_size;
+        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
+            std::vector<float>& mins = s.page_min[plane];
+            std::vector<float>& maxs = s.page_max[plane];
+            // Summaries of every page up to the window, recomputed for the page still filling.
+            const int64_t pages = (window_start + page - 1) / page;
+            const int64_t complete = static_cast<int64_t>(mins.size()) / dim;
+            const int64_t from = std::max<int64_t>(0, std::min(complete, pages) - 1);
+            mins.resize(static_cast<std::size_t>(pages * dim));
+            maxs.resize(static_cast<std::size_t>(pages * dim));
+            for (int64_t p = from; p < pages; ++p)
+                for (int64_t d = 0; d < dim; ++d) {
+                    float low = std::numeric_limits<float>::infinity(), high = -low;
+                    for (int64_t r = p * page; r < std::min(window_start, (p + 1) * page); ++r) {
+                        const float value = row_of(all[head], r)[d];
+                        low = std::min(low, value);
+                        high = std::max(high, value);
+                    }
+                    mins[static_cast<std::size_t>(p * dim + d)] = low;
+                    maxs[static_cast<std::size_t>(p * dim + d)] = high;
+                }
+            auto& chosen = rows[static_cast<std::size_t>(head)];
+            const int64_t first_page = sink / page;  // pages before it lie in the sink
+            for (int64_t member = 0; member < group; ++member) {
+                const float* query = q.data_ptr<float>() + (head * group + member) * dim;
+                std::vector<float> bounds;
+                for (int64_t p = first_page; p < pages; ++p) {
+                    float bound = 0;
+                    for (int64_t d = 0; d < dim; ++d)
+                        bound += std::max(query[d] * mins[static_cast<std::size_t>(p * dim + d)],
+                                          query[d] * maxs[static_cast<std::size_t>(p * dim + d)]);
+                    bounds.push_back(bound);
+                }
+                for (int64_t index : best_indices(bounds, s.split.retrieved / page)) {
+                    const int64_t p = first_page + index;
+                    for (int64_t r = p * page; r < std::min(window_start, (p + 1) * page); ++r)
+                        chosen.push_back(r);
+                }
+            }
+            resident(chosen, window_start);
+        }
+    } else if (options_.method == SparseMethod::h2o) {
+        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        const int64_t recent = options_.budget / 2;
+        const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
+            std::vector<int64_t>& kept = s.kept[plane];
+            std::vector<double>& score = s.accumulated[plane];
+            for (int64_t r = s.seen[plane]; r < total; ++r)
+                kept.push_back(r);
+            s.seen[plane] = total;
+            score.resize(static_cast<std::size_t>(total), 0.0);
+            const torch::Tensor index = torch::tensor(kept, torch::kInt64);
+            const torch::Tensor probabilities =
+                torch::softmax(torch::matmul(q.narrow(0, head * group, group),
+                                             all[head].index_select(0, index).t()) *
+                                   scale,
+                               -1);
+            const torch::Tensor summed = probabilities.sum(0).to(torch::kFloat64).contiguous();
+            for (std::size_t i = 0; i < kept.size(); ++i)
+                score[static_cast<std::size_t>(kept[i])] += summed.data_ptr<double>()[i];
+            if (static_cast<int64_t>(kept.size()) > options_.budget) {
+                std::vector<int64_t> old, next;
+                for (int64_t r : kept)
+                    (r >= total - recent ? next : old).push_back(r);
+                std::sort(old.begin(), old.end(), [&](int64_t a, int64_t b) {
+                    return score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)];
+                });
+                old.resize(static_cast<std::size_t>(
+                    std::max<int64_t>(0, options_.budget - static_cast<int64_t>(next.size()))));
+                next.insert(next.end(), old.begin(), old.end());
+                std::sort(next.begin(), next.end());
+                kept = std::move(next);
+            }
+            rows[static_cast<std::size_t>(head)] = kept;
+        }
+    } else {  // icecache
+        const auto index_started = Clock::now();
+        // Index every row that has left the window: stored segments are restored, the rest
+        // (BOS, the prompt, decoded tokens) grows live segments.
+        int64_t& covered = s.covered[layer_slot];
+        while (covered < window_start) {
+            auto stored = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
+                return g.stored && g.first_row <= covered && covered < g.first_row + g.stored_count;
+            });
+            if (stored != s.segments.end()) {
+                for (int64_t head = 0; head < kv_heads; ++head) {
+                    auto& index =
+                        stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                    index = std::make_unique<DciIndex>(dim, stored->stored->projection);
+                    const torch::Tensor k = index_keys(keys, head, stored->first_row,
+                                                       stored->stored_count, stored->delta, s.rope);
+                    index->restore(
+                        k.data_ptr<float>(), stored->stored_count,
+                        stored->stored->layout(layer, head, kv_heads, stored->stored_segment),
+                        "the index of cache rows " + std::to_string(stored->first_row) + "+");
+                }
+                covered = stored->first_row + stored->stored_count;
+                continue;
+            }
+            // Up to the next stored segment or the window.
+            int64_t end = window_start;
+            for (const Segment& g : s.segments)
+                if (g.stored && g.first_row > covered) end = std::min(end, g.first_row);
+            Segment* live = nullptr;
+            for (Segment& g : s.segments) {
+                const auto& first = g.indexes[static_cast<std::size_t>(layer * kv_heads)];
+                if (!g.stored && first && g.first_row + first->size() == covered) live = &g;
+            }
+            if (!live) {
+                // A new live segment; later layers find it by its first row.
+                auto found = std::find_if(
+                    s.segments.begin(), s.segments.end(),
+                    [&](const Segment& g) { return !g.stored && g.first_row == covered; });
+                if (found == s.segments.end()) {
+                    Segment segment;
+                    segment.first_row = covered;
+                    segment.indexes.resize(
+                        static_cast<std::size_t>(s.config.num_layers * kv_heads));
+                    s.segments.push_back(std::move(segment));
+                    std::sort(s.segments.begin(), s.segments.end(),
+                              [](const Segment& a, const Segment& b) {
+                                  return a.first_row < b.first_row;
+                              });
+                    found = std::find_if(
+                        s.segments.begin(), s.segments.end(),
+                        [&](const Segment& g) { return !g.stored && g.first_row == covered; });
+                }
+                live = &*found;
+                for (int64_t head = 0; head < kv_heads; ++head) {
+                    auto& index = live->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                    index = std::make_unique<DciIndex>(dim, s.projection);
+                    const torch::Tensor k =
+                        index_keys(keys, head, covered, end - covered, 0, s.rope);
+                    index->build(k.data_ptr<float>(), end - covered);
+                }
+            } else {
+                for (int64_t head = 0; head < kv_heads; ++head) {
+                    const torch::Tensor k =
+                        index_keys(keys, head, covered, end - covered, 0, s.rope);
+                    live->indexes[static_cast<std::size_t>(layer * kv_heads + head)]->insert(
+                        k.data_ptr<float>(), end - covered);
+                }
+            }
+            stats_.indexed_tokens += (end - covered) * kv_heads;
+            covered = end;
+        }
+        stats_.index_seconds += since(index_started);
+
+        const int64_t wanted = s.split.retrieved / options_.page_size;
+        DciQueryOptions query_options;
+        query_options.pages = wanted;
+        query_options.field_of_view = options_.field_of_view;
+        query_options.retrieve_share = options_.retrieve_share;
+        std::vector<torch::Tensor> shifted(s.segments.size());
+        for (std::size_t g = 0; g < s.segments.size(); ++g)
+            shifted[g] =
+                s.segments[g].delta != 0
+                    ? s.rope.shift(q.unsqueeze(1), -s.segments[g].delta).squeeze(1).contiguous()
+                    : q;
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            auto& chosen = rows[static_cast<std::size_t>(head)];
+            for (int64_t member = 0; member < group; ++member) {
+                struct Found {
+                    float score;
+                    std::size_t segment;
+                    int32_t page;
+                };
+                std::vector<Found> found;
+                for (std::size_t g = 0; g < s.segments.size(); ++g) {
+                    const auto& index =
+                        s.segments[g].indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                    if (!index) continue;
+                    const float* query =
+                        shifted[g].data_ptr<float>() + (head * group + member) * dim;
+                    const DciQueryResult result = index->query(query, query_options);
+                    stats_.index_dot_products += result.dot_products;
+                    for (std::size_t i = 0; i < result.pages.size(); ++i)
+                        found.push_back({result.page_scores[i], g, result.pages[i]});
+                }
+                std::sort(found.begin(), found.end(),
+                          [](const Found& a, const Found& b) { return a.score > b.score; });
+                if (static_cast<int64_t>(found.size()) > wanted)
+                    found.resize(static_cast<std::size_t>(wanted));
+                for (const Found& f : found) {
+                    const Segment& segment = s.segments[f.segment];
+                    const auto& index =
+                        segment.indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                    for (int32_t token : index->page_tokens(f.page))
+                        chosen.push_back(segment.first_row + token);
+                }
+            }
+            resident(chosen, window_start);
+        }
+    }
+    s.last_rows[layer_slot] = rows;
+    stats_.select_seconds += since(started);
+    stats_.selections += kv_heads;
+    for (const auto& chosen : rows)
+        stats_.selected_tokens += static_cast<int64_t>(chosen.size());
+
+    if (options_.measure_recall) {
+        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            const torch::Tensor probabilities = torch::softmax(
+                torch::matmul(q.narrow(0, head * group, group), all[head].t()) * scale, -1);
+            const torch::Tensor index =
+                torch::tensor(rows[static_cast<std::size_t>(head)], torch::kInt64);
+            const torch::Tensor mass =
+                probabilities.index_select(1, index).sum(1).to(torch::kFloat64).contiguous();
+            for (int64_t member = 0; member < group; ++member)
+                stats_.recall_sum[layer_slot] += mass.data_ptr<double>()[member];
+            stats_.recall_count[layer_slot] += group;
+        }
+    }
+    return true;
+}
+
+torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Tensor& keys,
+                                  const torch::Tensor& values,
+                                  const std::vector<std::vector<int64_t>>& rows, double scale) {
+    const int64_t kv_heads = keys.size(0), query_heads = queries.size(0);
+    const int64_t group = query_heads / kv_heads, dim = queries.size(2);
+    std::vector<torch::Tensor> outputs;
+    for (int64_t head = 0; head < kv_heads; ++head) {
+        const torch::Tensor index =
+            torch::tensor(rows[static_cast<std::size_t>(head)], torch::kInt64).to(keys.device());
+        const torch::Tensor k = keys[head].index_select(0, index).to(torch::kFloat32);
+        const torch::Tensor v = values[head].index_select(0, index).to(torch::kFloat32);
+        const torch::Tensor q =
+            queries.narrow(0, head * group, group).reshape({group, dim}).to(torch::kFloat32);
+        const torch::Tensor probabilities = torch::softmax(torch::matmul(q, k.t()) * scale, -1);
+        outputs.push_back(torch::matmul(probabilities, v).unsqueeze(1));
+    }
+    return torch::cat(outputs, 0).to(queries.scalar_type());
+}
+
+}  // namespace kv

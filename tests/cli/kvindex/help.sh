@@ -1,0 +1,2 @@
+. "$KV_CLI_LIB"
+kvindex --help

@@ -1,0 +1,367 @@
+// The DCI index against brute force: structure invariants, exact parents, exhaustive queries
+// equal to the true top pages, recall of the default query, insertion with page splits.
+#include "kv/cache_file.hpp"
+#include "kv/error.hpp"
+#include "kv/index/dci.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace kv;
+
+namespace {
+
+constexpr int64_t dim = 16;
+
+// Keys with the structure of real ones: clusters, neighbouring tokens often in the same one,
+// norms that vary.
+std::vector<float> clustered_keys(int64_t count, int clusters, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> centres(static_cast<std::size_t>(clusters * dim));
+    for (float& value : centres)
+        value = 3.0f * normal(rng);
+    std::vector<float> keys(static_cast<std::size_t>(count * dim));
+    std::uniform_int_distribution<int> pick(0, clusters - 1);
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    int cluster = 0;
+    for (int64_t t = 0; t < count; ++t) {
+        if (unit(rng) < 0.2f) cluster = pick(rng);
+        for (int64_t d = 0; d < dim; ++d)
+            keys[static_cast<std::size_t>(t * dim + d)] =
+                centres[static_cast<std::size_t>(cluster * dim + d)] + 0.7f * normal(rng);
+    }
+    return keys;
+}
+
+std::vector<float> random_direction(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> u(dim + 1);
+    for (float& value : u)
+        value = normal(rng);
+    return u;
+}
+
+double dot64(const float* a, const float* b) {
+    double sum = 0;
+    for (int64_t d = 0; d < dim; ++d)
+        sum += static_cast<double>(a[d]) * b[d];
+    return sum;
+}
+
+// Every token in exactly one live page of its parent; pages hold 1..page_size tokens; a
+// parent's pages in projection order; parents one level up; top-level points under the root.
+void check_structure(const DciIndex& index, int64_t page_size) {
+    const int top = index.levels() - 1;
+    std::vector<int> seen(static_cast<std::size_t>(index.size()), 0);
+    int64_t live = 0;
+    for (int32_t page = 0; page < index.page_capacity(); ++page) {
+        if (index.page_parent(page) == -2) continue;
+        ++live;
+        const auto tokens = index.page_tokens(page);
+        REQUIRE(!tokens.empty());
+        REQUIRE(static_cast<int64_t>(tokens.size()) <= page_size);
+        for (int32_t token : tokens) {
+            ++seen[static_cast<std::size_t>(token)];
+            REQUIRE(index.token_page(token) == page);
+            REQUIRE(index.parent(token) == index.page_parent(page));
+        }
+    }
+    CHECK(live == index.live_pages());
+    for (int64_t token = 0; token < index.size(); ++token) {
+        REQUIRE(seen[static_cast<std::size_t>(token)] == 1);
+        const int32_t parent = index.parent(token);
+        if (index.level(token) == top)
+            REQUIRE(parent == -1);
+        else
+            REQUIRE(index.level(parent) == index.level(token) + 1);
+    }
+    std::set<int32_t> owners = {-1};
+    for (int level = 1; level < index.levels(); ++level)
+        for (int32_t point : index.level_points(level))
+            owners.insert(point);
+    for (int32_t owner : owners) {
+        float previous = -std::numeric_limits<float>::infinity();
+        for (int32_t page : index.child_pages(owner)) {
+            REQUIRE(index.page_parent(page) == owner);
+            for (int32_t token : index.page_tokens(page)) {
+                REQUIRE(index.projection_of(token) >= previous);
+                previous = index.projection_of(token);
+            }
+        }
+    }
+}
+
+// The exact answer: pages ranked by the best q.k among their tokens.
+std::vector<int32_t> true_top_pages(const DciIndex& index, const float* query, int64_t k) {
+    std::map<int32_t, double> best;
+    for (int64_t token = 0; token < index.size(); ++token) {
+        const double score = dot64(query, index.key(token));
+        auto [it, fresh] = best.emplace(index.token_page(token), score);
+        if (!fresh) it->second = std::max(it->second, score);
+    }
+    std::vector<std::pair<double, int32_t>> ranked;
+    for (const auto& [page, score] : best)
+        ranked.emplace_back(-score, page);
+    std::sort(ranked.begin(), ranked.end());
+    std::vector<int32_t> pages;
+    for (std::size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < k; ++i)
+        pages.push_back(ranked[i].second);
+    return pages;
+}
+
+double recall(const std::vector<int32_t>& got, const std::vector<int32_t>& truth) {
+    const std::set<int32_t> found(got.begin(), got.end());
+    int64_t hits = 0;
+    for (int32_t page : truth)
+        hits += found.count(page);
+    return truth.empty() ? 1.0 : static_cast<double>(hits) / static_cast<double>(truth.size());
+}
+
+}  // namespace
+
+TEST_CASE("the lifted distance is half the squared distance of the lifted keys", "[dci]") {
+    const std::vector<float> keys = clustered_keys(300, 5, 1);
+    DciIndex index(dim, random_direction(2));
+    index.build(keys.data(), 300);
+    const double m = index.max_squared_norm();
+    for (auto [a, b] : {std::pair{0, 1}, {5, 200}, {17, 17}, {299, 3}}) {
+        const float* x = index.key(a);
+        const float* y = index.key(b);
+        const double tail_x = std::sqrt(m - dot64(x, x)), tail_y = std::sqrt(m - dot64(y, y));
+        double squared = (tail_x - tail_y) * (tail_x - tail_y);
+        for (int64_t d = 0; d < dim; ++d)
+            squared += (static_cast<double>(x[d]) - y[d]) * (static_cast<double>(x[d]) - y[d]);
+        CHECK(index.lifted_distance(a, b) == Approx(squared / 2).margin(1e-3));
+    }
+}
+
+TEST_CASE("promotion is deterministic and follows the two ratios", "[dci]") {
+    const std::vector<float> keys = clustered_keys(10000, 20, 3);
+    DciIndex index(dim, random_direction(4));
+    index.build(keys.data(), 10000);
+    REQUIRE(index.levels() >= 4);
+    std::vector<int64_t> at_or_above(static_cast<std::size_t>(index.levels()), 0);
+    for (int level = 0; level < index.levels(); ++level)
+        for (int up = 0; up <= level; ++up)
+            at_or_above[static_cast<std::size_t>(up)] +=
+                static_cast<int64_t>(index.level_points(level).size());
+    CHECK(at_or_above[1] == 100);  // every 100th token
+    CHECK(at_or_above[2] == 20);
+    CHECK(at_or_above[3] == 4);
+    // Systematic in token order: level-1 points are every 100th token.
+    CHECK(index.level(99) >= 1);
+    CHECK(index.level(98) == 0);
+}
+
+TEST_CASE("a built index is a valid tree with exact parents", "[dci]") {
+    for (int64_t count : {1, 40, 1000, 5000}) {
+        CAPTURE(count);
+        const std::vector<float> keys = clustered_keys(count, 12, 5);
+        DciIndex index(dim, random_direction(6));
+        index.build(keys.data(), count, 2);
+        check_structure(index, 16);
+        // The level above is small here: every parent is the true nearest (float64).
+        for (int64_t token = 0; token < count; ++token) {
+            const int32_t parent = index.parent(token);
+            if (parent < 0) continue;
+            double best = std::numeric_limits<double>::infinity();
+            for (int32_t other : index.level_points(index.level(token) + 1))
+                best = std::min(best, index.lifted_distance(token, other));
+            REQUIRE(index.lifted_distance(token, parent) == Approx(best).margin(1e-4));
+        }
+    }
+}
+
+TEST_CASE("the anchor shortcut gives valid, mostly exact parents", "[dci]") {
+    const int64_t count = 20000;
+    const std::vector<float> keys = clustered_keys(count, 40, 7);
+    DciOptions options;
+    options.exact_parent_limit = 20;  // force the shortcut below the 200 level-1 points
+    options.anchor_interval = 40;
+    DciIndex index(dim, random_direction(8), options);
+    index.build(keys.data(), count, 2);
+    check_structure(index, 16);
+    int64_t exact = 0, total = 0;
+    for (int32_t token : index.level_points(0)) {
+        double best = std::numeric_limits<double>::infinity();
+        for (int32_t other : index.level_points(1))
+            best = std::min(best, index.lifted_distance(token, other));
+        exact += index.lifted_distance(token, index.parent(token)) <= best + 1e-4;
+        ++total;
+    }
+    CHECK(static_cast<double>(exact) / static_cast<double>(total) > 0.6);
+}
+
+TEST_CASE("an exhaustive query returns the exact top pages", "[dci]") {
+    const int64_t count = 3000;
+    const std::vector<float> keys = clustered_keys(count, 16, 9);
+    DciIndex index(dim, random_direction(10));
+    index.build(keys.data(), count);
+    const std::vector<float> queries = clustered_keys(20, 16, 11);
+    DciQueryOptions options;
+    options.pages = 12;
+    options.field_of_view = count;
+    options.retrieve_share = 1.0;
+    for (int q = 0; q < 20; ++q) {
+        const float* query = queries.data() + q * dim;
+        const DciQueryResult result = index.query(query, options);
+        CHECK(result.dot_products == count);
+        CHECK(result.pages == true_top_pages(index, query, 12));
+        for (std::size_t i = 1; i < result.page_scores.size(); ++i)
+            CHECK(result.page_scores[i - 1] >= result.page_scores[i]);
+    }
+}
+
+TEST_CASE("the default query finds most top pages with a fraction of the dot products", "[dci]") {
+    const int64_t count = 40000;
+    const std::vector<float> keys = clustered_keys(count, 64, 12);
+    DciIndex index(dim, random_direction(13));
+    index.build(keys.data(), count, 2);
+    const std::vector<float> queries = clustered_keys(40, 64, 14);
+    double total_recall = 0;
+    int64_t dots = 0;
+    for (int q = 0; q < 40; ++q) {
+        const float* query = queries.data() + q * dim;
+        const DciQueryResult result = index.query(query, {});
+        total_recall += recall(result.pages, true_top_pages(index, query, 12));
+        dots += result.dot_products;
+    }
+    INFO("recall " << total_recall / 40 << ", dot products per query " << dots / 40);
+    CHECK(total_recall / 40 > 0.75);
+    CHECK(dots / 40 < count / 4);
+}
+
+TEST_CASE("inserted tokens keep the index valid, split pages and mark them dirty", "[dci]") {
+    const int64_t count = 4000, first = 600;
+    std::vector<float> keys = clustered_keys(count, 12, 15);
+    DciIndex index(dim, random_direction(16));
+    index.build(keys.data(), first);
+    const int64_t pages_before = index.live_pages();
+    const int levels_before = index.levels();
+    index.take_dirty_pages();
+    index.insert(keys.data() + first * dim, 50);
+    CHECK(!index.take_dirty_pages().empty());
+    index.insert(keys.data() + (first + 50) * dim, count - first - 50);
+    REQUIRE(index.size() == count);
+    check_structure(index, 16);
+    CHECK(index.live_pages() > pages_before);
+    CHECK(index.levels() > levels_before);  // new top levels opened on the way
+
+    // Still exact when searched exhaustively.
+    const std::vector<float> queries = clustered_keys(10, 12, 17);
+    DciQueryOptions options;
+    options.field_of_view = count;
+    options.retrieve_share = 1.0;
+    for (int q = 0; q < 10; ++q)
+        CHECK(index.query(queries.data() + q * dim, options).pages ==
+              true_top_pages(index, queries.data() + q * dim, 12));
+
+    SECTION("a key beyond the norm bound lays the index out again") {
+        std::vector<float> big(keys.begin(), keys.begin() + dim);
+        for (float& value : big)
+            value *= 10;
+        index.insert(big.data(), 1);
+        check_structure(index, 16);
+        CHECK(index.max_squared_norm() >= dot64(big.data(), big.data()));
+        CHECK(static_cast<int64_t>(index.take_dirty_pages().size()) >= index.live_pages());
+    }
+}
+
+TEST_CASE("a query wanting more pages than exist widens instead of failing", "[dci]") {
+    const std::vector<float> keys = clustered_keys(2000, 8, 18);
+    DciIndex index(dim, random_direction(19));
+    index.build(keys.data(), 2000);
+    DciQueryOptions options;
+    options.pages = 100000;
+    const DciQueryResult result = index.query(keys.data(), options);
+    CHECK(static_cast<int64_t>(result.pages.size()) <= index.live_pages());
+    CHECK(result.pages.size() > 100);
+}
+
+TEST_CASE("bad index parameters are usage errors", "[dci]") {
+    CHECK_THROWS_WITH(DciIndex(dim, std::vector<float>(3, 1.0f)),
+                      Catch::Contains("the projection needs head_dim + 1 = 17 values"));
+    DciOptions options;
+    options.promotion_first = 0;
+    CHECK_THROWS_WITH(DciIndex(dim, random_direction(1), options),
+                      Catch::Contains("promotion ratios"));
+}
+
+TEST_CASE("a stored layout restores the same index, and a bad one is refused", "[dci]") {
+    const int64_t count = 3000;
+    const std::vector<float> keys = clustered_keys(count, 12, 20);
+    DciIndex index(dim, random_direction(21));
+    index.build(keys.data(), count - 200);
+    index.insert(keys.data() + (count - 200) * dim, 200);  // splits leave pages out of id order
+    const DciLayout layout = index.layout();
+
+    DciIndex restored(dim, random_direction(21));
+    restored.restore(keys.data(), count, layout, "'a.kvc'");
+    check_structure(restored, 16);
+    CHECK(restored.levels() == index.levels());
+    CHECK(restored.live_pages() == index.live_pages());
+    for (int64_t token = 0; token < count; ++token)
+        REQUIRE(restored.parent(token) == index.parent(token));
+    const std::vector<float> queries = clustered_keys(10, 12, 22);
+    for (int q = 0; q < 10; ++q) {
+        const float* query = queries.data() + q * dim;
+        const DciQueryResult a = index.query(query, {}), b = restored.query(query, {});
+        CHECK(a.page_scores == b.page_scores);
+        CHECK(a.dot_products == b.dot_products);
+    }
+    // It goes on growing as the original would.
+    restored.insert(keys.data(), 300);
+    check_structure(restored, 16);
+
+    DciLayout bad = layout;
+    SECTION("a token in two pages") {
+        bad.page_tokens[1] = bad.page_tokens[0];
+        CHECK_THROWS_WITH(restored.restore(keys.data(), count, bad, "'a.kvc'"),
+                          Catch::Contains("'a.kvc': invalid index"));
+    }
+    SECTION("a parent on the wrong level") {
+        for (int64_t token = 0; token < count; ++token)
+            if (bad.levels[static_cast<std::size_t>(token)] == 0) {
+                bad.parents[static_cast<std::size_t>(token)] = static_cast<int32_t>(token);
+                break;
+            }
+        CHECK_THROWS_WITH(restored.restore(keys.data(), count, bad, "'a.kvc'"),
+                          Catch::Contains("has no parent one level up"));
+    }
+    SECTION("a norm bound below the keys") {
+        bad.max_squared_norm = 1e-3;
+        CHECK_THROWS_AS(restored.restore(keys.data(), count, bad, "'a.kvc'"), kv::FormatError);
+    }
+}
+
+TEST_CASE("an index written by h5py as the specification says restores", "[dci]") {
+    const kv::CacheReader reader(std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache" / "good" /
+                                 "0011_indexed.kvc");
+    const kv::Packet packet = reader.read("indexed");
+    REQUIRE(!packet.index.empty());
+    CHECK(reader.read("other").index.empty());  // an unknown method is ignored
+    const kv::CacheModelInfo& model = reader.model();
+    const int64_t tokens = packet.stored_length(), head_dim = model.head_dim;
+    for (int64_t layer = 0; layer < model.num_layers; ++layer)
+        for (int64_t head = 0; head < model.num_kv_heads; ++head) {
+            std::vector<float> keys(static_cast<std::size_t>(tokens * head_dim));
+            std::memcpy(
+                keys.data(),
+                packet.keys.data() + ((layer * model.num_kv_heads + head) * tokens * head_dim) * 4,
+                keys.size() * 4);
+            DciIndex index(head_dim, packet.index.projection);
+            index.restore(keys.data(), tokens,
+                          packet.index.layout(layer, head, model.num_kv_heads, 0), "'0011'");
+            CHECK(index.live_pages() == 2);
+            check_structure(index, 16);
+        }
+}

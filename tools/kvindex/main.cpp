@@ -1,0 +1,94 @@
+// kvindex: build IceCache's DCI index and semantic pages for every packet of a cache file.
+#include "kv/api/index.hpp"
+#include "kv/json.hpp"
+#include "tool.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+    kv::IndexOptions options;
+    std::string input, output = "-";
+    bool json_report = false;
+    kv::cli::Verbosity verbosity;
+
+    auto configure = [&](CLI::App& app) {
+        app.add_option("input", input, "Cache file to index ('-': standard input)")->required();
+        app.add_option("-o,--output", output,
+                       "Indexed cache file ('-': standard output, the default; may be the input)");
+        app.add_option("--page-size", options.page_size, "Slots per page")
+            ->default_val(16)
+            ->check(CLI::Range(2, 4096));
+        app.add_option("--promotion-first", options.promotion_first,
+                       "p0: share of tokens promoted to level 1")
+            ->default_val(0.01);
+        app.add_option("--promotion-rest", options.promotion_rest,
+                       "p1: share of each higher level promoted further")
+            ->default_val(0.2);
+        app.add_option("--exact-parent-limit", options.exact_parent_limit,
+                       "Search parents exactly while the level above has at most this many points "
+                       "(else the anchor shortcut)")
+            ->default_val(3000);
+        app.add_option("--anchor-interval", options.anchor_interval,
+                       "Every n-th token gets an exact parent in the anchor shortcut")
+            ->default_val(120);
+        app.add_option("--seed", options.seed, "Seed of the projection direction")->default_val(1);
+        app.add_flag("--keep-existing", options.keep_existing,
+                     "Keep the index of packets that already have one");
+        kv::cli::add_threads_option(app, options.threads);
+        app.add_option("--zstd-level", options.write.zstd_level,
+                       "zstd level of the stored tensors (0: none)")
+            ->default_val(3)
+            ->check(CLI::Range(0, 19));
+        app.add_flag("-f,--force", options.write.force,
+                     "Write binary cache data even to a terminal");
+        app.add_flag(
+            "--json", json_report,
+            "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+        kv::cli::add_verbosity_options(app, verbosity);
+    };
+
+    auto body = [&] {
+        options.input = input;
+        options.output = output;
+        options.provenance = kv::cli::provenance("kvindex", argc, argv);
+        if (!verbosity.quiet && ::isatty(STDERR_FILENO))
+            options.progress = [](int64_t done, int64_t total) {
+                std::fprintf(stderr, "\rkvindex: %lld/%lld packets", static_cast<long long>(done),
+                             static_cast<long long>(total));
+                if (done == total) std::fputc('\n', stderr);
+            };
+        const kv::IndexReport report = kv::index_cache_file(options);
+        if (json_report) {
+            kv::json::Value value = kv::json::Value::object();
+            value.set("packets", report.packets);
+            value.set("tokens", report.tokens);
+            value.set("indexes", report.indexes);
+            value.set("pages", report.pages);
+            value.set("kept", report.kept);
+            value.set("max_levels", static_cast<int64_t>(report.max_levels));
+            value.set("build_seconds", report.build_seconds);
+            value.set("seconds", report.seconds);
+            const std::string text = kv::json::dump(value, 2) + "\n";
+            if (output == "-")
+                std::fputs(text.c_str(), stderr);
+            else
+                kv::cli::write_stdout(text);
+        } else if (verbosity.verbose) {
+            std::fprintf(
+                stderr,
+                "kvindex: %lld packets, %lld tokens, %lld indexes, %lld pages, up to %d "
+                "levels; built in %.3f s (%.3f s in all)\n",
+                static_cast<long long>(report.packets), static_cast<long long>(report.tokens),
+                static_cast<long long>(report.indexes), static_cast<long long>(report.pages),
+                report.max_levels, report.build_seconds, report.seconds);
+        }
+        return 0;
+    };
+
+    return kv::cli::run_tool("kvindex",
+                             "Build IceCache's multi-level DCI index and semantic pages for every "
+                             "packet of a cache file (no model needed)",
+                             argc, argv, configure, body);
+}
