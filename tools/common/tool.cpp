@@ -1,6 +1,7 @@
 #include "tool.hpp"
 
 #include "kv/error.hpp"
+#include "kv/json.hpp"
 
 #include <cerrno>
 #include <csignal>
@@ -33,6 +34,23 @@ void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
     if (required) model->required();
     app.add_option("--tokenizer", options.tokenizer,
                    "Tokenizer override: tokenizer.json, tokenizer.model or a llama2.c tok*.bin");
+}
+
+void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report) {
+    app.add_option("--zstd-level", write.zstd_level, "zstd level of the stored tensors (0: none)")
+        ->default_val(3)
+        ->check(CLI::Range(0, 19));
+    app.add_flag("-f,--force", write.force, "Write binary cache data even to a terminal");
+    app.add_flag("--json", json_report,
+                 "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+}
+
+void write_report(const json::Value& report, const std::string& output) {
+    const std::string text = json::dump(report, 2) + "\n";
+    if (output == "-")
+        std::fputs(text.c_str(), stderr);
+    else
+        write_stdout(text);
 }
 
 void add_threads_option(CLI::App& app, int& threads) {

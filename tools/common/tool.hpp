@@ -13,6 +13,10 @@
 #include <string>
 #include "kv/cache_file.hpp"
 
+namespace kv::json {
+class Value;
+}
+
 namespace kv::cli {
 
 struct ModelOptions {
@@ -38,6 +42,10 @@ void add_model_options(CLI::App& app, ModelOptions& options, bool required = tru
 void add_threads_option(CLI::App& app, int& threads);
 /// -t/--threads, --device, --dtype, --mmap (environment: KV_THREADS, KV_DEVICE, KV_DTYPE).
 void add_compute_options(CLI::App& app, ComputeOptions& options);
+/// --zstd-level, -f/--force and --json, for tools that write a cache file.
+void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report);
+/// Prints a --json report: on stdout, or on stderr when stdout carries the cache (`output` "-").
+void write_report(const json::Value& report, const std::string& output);
 /// -q/--quiet, -v/--verbose.
 void add_verbosity_options(CLI::App& app, Verbosity& options);
 

@@ -36,15 +36,7 @@ int main(int argc, char** argv) {
                        "Most tokens per forward pass; shorter documents are packed together")
             ->default_val(512)
             ->check(CLI::PositiveNumber);
-        app.add_option("--zstd-level", options.write.zstd_level,
-                       "zstd level of the stored tensors (0: none)")
-            ->default_val(3)
-            ->check(CLI::Range(0, 19));
-        app.add_flag("-f,--force", options.write.force,
-                     "Write binary cache data even to a terminal");
-        app.add_flag(
-            "--json", json_report,
-            "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+        kv::cli::add_cache_output_options(app, options.write, json_report);
         kv::cli::add_compute_options(app, compute);
         kv::cli::add_verbosity_options(app, verbosity);
     };
@@ -89,11 +81,7 @@ int main(int argc, char** argv) {
             value.set("tokens", report.tokens);
             value.set("seconds", report.seconds);
             value.set("tokens_per_second", report.tokens_per_second);
-            const std::string text = kv::json::dump(value, 2) + "\n";
-            if (output == "-")
-                std::fputs(text.c_str(), stderr);
-            else
-                kv::cli::write_stdout(text);
+            kv::cli::write_report(value, output);
         } else if (!verbosity.quiet)
             std::fprintf(stderr, "kvbake: %lld documents, %lld tokens in %.2f s (%.0f tokens/s)\n",
                          static_cast<long long>(report.documents),

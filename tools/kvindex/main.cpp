@@ -37,15 +37,7 @@ int main(int argc, char** argv) {
         app.add_flag("--keep-existing", options.keep_existing,
                      "Keep the index of packets that already have one");
         kv::cli::add_threads_option(app, options.threads);
-        app.add_option("--zstd-level", options.write.zstd_level,
-                       "zstd level of the stored tensors (0: none)")
-            ->default_val(3)
-            ->check(CLI::Range(0, 19));
-        app.add_flag("-f,--force", options.write.force,
-                     "Write binary cache data even to a terminal");
-        app.add_flag(
-            "--json", json_report,
-            "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+        kv::cli::add_cache_output_options(app, options.write, json_report);
         kv::cli::add_verbosity_options(app, verbosity);
     };
 
@@ -70,11 +62,7 @@ int main(int argc, char** argv) {
             value.set("max_levels", static_cast<int64_t>(report.max_levels));
             value.set("build_seconds", report.build_seconds);
             value.set("seconds", report.seconds);
-            const std::string text = kv::json::dump(value, 2) + "\n";
-            if (output == "-")
-                std::fputs(text.c_str(), stderr);
-            else
-                kv::cli::write_stdout(text);
+            kv::cli::write_report(value, output);
         } else if (verbosity.verbose) {
             std::fprintf(
                 stderr,

@@ -25,15 +25,7 @@ int main(int argc, char** argv) {
                        "template start");
         app.add_option("--id", options.id, "Id of the packed context in the output")
             ->default_val("context");
-        app.add_option("--zstd-level", options.write.zstd_level,
-                       "zstd level of the stored tensors (0: none)")
-            ->default_val(3)
-            ->check(CLI::Range(0, 19));
-        app.add_flag("-f,--force", options.write.force,
-                     "Write binary cache data even to a terminal");
-        app.add_flag(
-            "--json", json_report,
-            "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+        kv::cli::add_cache_output_options(app, options.write, json_report);
         kv::cli::add_verbosity_options(app, verbosity);
     };
 
@@ -66,11 +58,7 @@ int main(int argc, char** argv) {
             value.set("indexed", report.indexed);
             value.set("seconds", report.seconds);
             value.set("parts", std::move(parts));
-            const std::string text = kv::json::dump(value, 2) + "\n";
-            if (output == "-")
-                std::fputs(text.c_str(), stderr);
-            else
-                kv::cli::write_stdout(text);
+            kv::cli::write_report(value, output);
         } else if (verbosity.verbose) {
             std::fprintf(stderr, "kvpack: %zu packets, %lld tokens (%lld stored) in %.3f s\n",
                          report.parts.size(), static_cast<long long>(report.logical_length),

@@ -6,15 +6,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
-#include <random>
 #include <thread>
 
 namespace kv {
-
-std::vector<float> index_projection(int64_t head_dim, uint64_t seed) {
-    return dci_projection(head_dim, seed);
-}
 
 namespace {
 
@@ -84,7 +78,7 @@ IndexReport index_cache_file(const IndexOptions& options) {
 
     const CacheReader reader(options.input);
     const CacheModelInfo& model = reader.model();
-    const std::vector<float> projection = index_projection(model.head_dim, options.seed);
+    const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
     CacheWriter writer(options.output, model, options.provenance, options.write);
     IndexReport report;
     const auto total = static_cast<int64_t>(reader.packets().size());

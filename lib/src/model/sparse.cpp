@@ -181,6 +181,14 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
     const torch::Tensor q =
         queries.reshape({query_heads, dim}).to(torch::kCPU, torch::kFloat32).contiguous();
 
+    // The keys in float32 on the host, converted once per call whoever needs them first (the
+    // method, then the recall measurement).
+    torch::Tensor all_keys;
+    auto keys_f32 = [&]() -> const torch::Tensor& {
+        if (!all_keys.defined()) all_keys = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        return all_keys;
+    };
+
     auto resident = [&](std::vector<int64_t>& chosen, int64_t window_from) {
         for (int64_t r = 0; r < std::min(sink, total); ++r)
             chosen.push_back(r);
@@ -206,7 +214,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         for (auto& chosen : rows)
             resident(chosen, total - (options_.budget - sink));
     } else if (options_.method == SparseMethod::topk) {
-        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        const torch::Tensor& all = keys_f32();
         for (int64_t head = 0; head < kv_heads; ++head) {
             const torch::Tensor middle =
                 all[head].narrow(0, sink, std::max<int64_t>(0, window_start - sink));
@@ -224,7 +232,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         }
     } else if (options_.method == SparseMethod::quest) {
         const int64_t page = options_.page_size;
-        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        const torch::Tensor& all = keys_f32();
         for (int64_t head = 0; head < kv_heads; ++head) {
             const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
             std::vector<float>& mins = s.page_min[plane];
@@ -267,7 +275,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             resident(chosen, window_start);
         }
     } else if (options_.method == SparseMethod::h2o) {
-        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32).contiguous();
+        const torch::Tensor& all = keys_f32();
         const int64_t recent = options_.budget / 2;
         const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
         for (int64_t head = 0; head < kv_heads; ++head) {
@@ -428,7 +436,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         stats_.selected_tokens += static_cast<int64_t>(chosen.size());
 
     if (options_.measure_recall) {
-        const torch::Tensor all = keys.to(torch::kCPU, torch::kFloat32);
+        const torch::Tensor& all = keys_f32();
         const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
         for (int64_t head = 0; head < kv_heads; ++head) {
             const torch::Tensor probabilities = torch::softmax(

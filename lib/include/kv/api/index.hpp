@@ -44,8 +44,4 @@ struct IndexReport {
 /// modified; the same path for both is fine).
 IndexReport index_cache_file(const IndexOptions& options);
 
-/// The projection direction every index of one run shares: head_dim + 1 standard normal draws
-/// from `seed`, normalised.
-std::vector<float> index_projection(int64_t head_dim, uint64_t seed);
-
 }  // namespace kv
