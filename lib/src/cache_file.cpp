@@ -3,10 +3,12 @@
 #include "hdf5_read_driver.hpp"
 #include "hdf5_zstd.hpp"
 #include "kv/error.hpp"
+#include "kv/mapped_file.hpp"
 #include "utf8.hpp"
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,9 +51,12 @@ std::recursive_mutex& hdf5_mutex() {
 }
 
 // Once per process: silence HDF5's error printing (the library never prints; errors become
-// exceptions) and register the zstd filter, so that no plugin path is needed.
+// exceptions) and register the zstd filter, so that no plugin path is needed. HDF5's own
+// clean-up at exit is turned off: after a write failed (a full disk) it closes the broken file
+// again and crashes (HDF5 1.10.8); every file is closed by its owner before that anyway.
 void init_hdf5() {
     static const bool done = [] {
+        H5dont_atexit();
         H5open();
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
         H5Zregister(&zstd_filter_class);
@@ -83,6 +88,13 @@ std::string hdf5_error_detail() {
     // The checking read driver knows better than HDF5's "read failed".
     std::string detail = take_read_driver_problem();
     if (detail.empty()) detail = messages.empty() ? "HDF5 error" : messages.back();
+    // A failed system call reads "file write failed: time = ..., filename = ..., errno = 28,
+    // error message = 'No space left on device', buf = ...": the system's reason is what counts.
+    const std::string marker = "error message = '";
+    if (const std::size_t at = detail.find(marker); at != std::string::npos) {
+        const std::size_t begin = at + marker.size(), end = detail.find('\'', begin);
+        if (end != std::string::npos) detail = detail.substr(begin, end - begin);
+    }
     std::replace(detail.begin(), detail.end(), '\n', ' ');
     return detail;
 }
@@ -298,10 +310,13 @@ class FileReader {
             if (is_dataset && raw_) check_heap_ids_of(object, values.size(), what);
             Handle memory_type = make_string_type(cset);
             std::vector<char*> pointers(values.size(), nullptr);
-            if (read(memory_type.get(), pointers.data()) < 0) fail_hdf5("cannot read " + what);
-            for (std::size_t i = 0; i < values.size(); ++i)
+            // A read that fails midway has allocated the strings before the failure: free them
+            // on every path (found by fuzzing).
+            const int status = read(memory_type.get(), pointers.data());
+            for (std::size_t i = 0; i < values.size() && status >= 0; ++i)
                 if (pointers[i]) values[i] = pointers[i];
             H5Dvlen_reclaim(memory_type.get(), space.get(), H5P_DEFAULT, pointers.data());
+            if (status < 0) fail_hdf5("cannot read " + what);
         } else {
             const std::size_t size = H5Tget_size(type.get());
             if (size == 0) fail(what + " has an invalid string size");
@@ -1070,7 +1085,17 @@ void CacheWriter::finish() {
         throw IoError("cannot sync " + s.source + ": " + reason);
     }
     ::close(fd);
-    if (::rename(s.temporary.c_str(), s.path.c_str()) != 0) {
+    if (s.options.no_replace) {
+        // link() fails with EEXIST where rename() would replace: the first writer wins.
+        if (::link(s.temporary.c_str(), s.path.c_str()) != 0) {
+            const std::string reason =
+                errno == EEXIST ? "another process created it meanwhile; run again to append to it"
+                                : system_reason();
+            s.discard();
+            throw IoError("cannot create " + s.source + ": " + reason);
+        }
+        ::unlink(s.temporary.c_str());
+    } else if (::rename(s.temporary.c_str(), s.path.c_str()) != 0) {
         const std::string reason = system_reason();
         s.discard();
         throw IoError("cannot rename onto " + s.source + ": " + reason);
@@ -1112,8 +1137,8 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
     s.source = from_stdin ? "standard input" : kv::quoted(path.string());
     const FileReader in(s.source, &s.raw);
     if (from_stdin) {
-        s.image.assign(std::istreambuf_iterator<char>(std::cin), {});
-        if (std::cin.bad()) throw IoError("cannot read standard input: " + system_reason());
+        const std::string bytes = read_standard_input();
+        s.image.assign(bytes.begin(), bytes.end());
         if (s.image.empty()) in.fail("empty input, not a cache file");
         s.raw.image = reinterpret_cast<const std::byte*>(s.image.data());
         s.raw.size = s.image.size();
@@ -1299,6 +1324,10 @@ const Provenance& CacheReader::provenance() const {
 }
 const std::vector<PacketInfo>& CacheReader::packets() const {
     return state_->packets;
+}
+
+bool CacheReader::has_packet(const std::string& id) const {
+    return state_->by_id.count(id) != 0;
 }
 
 const PacketInfo& CacheReader::packet_info(const std::string& id) const {
@@ -1551,6 +1580,40 @@ void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
         for (const PacketInfo& info : reader->packets())
             writer.add(reader->read(info.id));
     writer.finish();
+}
+
+CacheFileLock::CacheFileLock(const std::filesystem::path& path) {
+    const std::string source = kv::quoted(path.string());
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT) return;
+            throw IoError("cannot open " + source + ": " + system_reason());
+        }
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const bool busy = errno == EWOULDBLOCK;
+            const std::string reason = system_reason();
+            ::close(fd);
+            throw IoError(busy ? source +
+                                     " is locked: another process is writing it (try again "
+                                     "when it has finished)"
+                               : "cannot lock " + source + ": " + reason);
+        }
+        // The holder before us may have replaced the file: then our lock is on the old one.
+        struct stat locked {
+        }, named{};
+        if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
+            locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
+            fd_ = fd;
+            return;
+        }
+        ::close(fd);
+    }
+    throw IoError("cannot lock " + source + ": it keeps being replaced");
+}
+
+CacheFileLock::~CacheFileLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 CacheSelection parse_cache_selection(const std::string& spec) {

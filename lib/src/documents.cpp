@@ -3,9 +3,8 @@
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "kv/mapped_file.hpp"
+#include "utf8.hpp"
 
-#include <iostream>
-#include <iterator>
 #include <map>
 
 namespace kv {
@@ -15,8 +14,35 @@ bool is_jsonl(const std::string& path) {
     return path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
 }
 
-void read_jsonl(const std::string& path, std::vector<Document>& documents) {
-    const std::string content = read_file_text(path);
+// Throws or records: the one place that decides what --keep-going forgives.
+struct Problems {
+    std::vector<std::string>* sink;
+    template <typename Error>
+    void report(const Error& error) const {
+        if (!sink) throw error;
+        sink->push_back(error.what());
+    }
+};
+
+// Byte offset of the first byte that does not start a valid UTF-8 sequence, or npos.
+std::size_t invalid_utf8_offset(std::string_view text) {
+    for (std::size_t at = 0; at < text.size();) {
+        const std::size_t length = utf8::valid_length(text, at);
+        if (length == 0) return at;
+        at += length;
+    }
+    return std::string_view::npos;
+}
+
+void read_jsonl(const std::string& path, std::vector<Document>& documents,
+                const Problems& problems) {
+    std::string content;
+    try {
+        content = read_file_text(path);
+    } catch (const IoError& error) {
+        problems.report(error);
+        return;
+    }
     std::size_t line_start = 0;
     int64_t line_number = 0;
     while (line_start < content.size()) {
@@ -28,55 +54,78 @@ void read_jsonl(const std::string& path, std::vector<Document>& documents) {
         if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
         if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
         const std::string origin = kv::quoted(path) + " line " + std::to_string(line_number);
-        json::Value value;
         try {
-            value = json::parse(line);
+            json::Value value;
+            try {
+                value = json::parse(line);
+            } catch (const FormatError& error) {
+                throw FormatError(origin + ": " + error.what());
+            }
+            if (!value.is_object())
+                throw FormatError(origin + ": expected a JSON object with \"text\"");
+            const json::Value* text = value.find("text");
+            if (!text || !text->is_string())
+                throw FormatError(origin + ": missing string field \"text\"");
+            Document document;
+            const json::Value* id = value.find("id");
+            if (!id || id->is_null())
+                document.id = path + ":" + std::to_string(line_number);
+            else if (id->is_string())
+                document.id = id->as_string();
+            else if (id->is_integer())
+                document.id = std::to_string(id->as_int());
+            else
+                throw FormatError(origin + ": \"id\" must be a string or an integer");
+            document.text = text->as_string();
+            document.origin = origin;
+            documents.push_back(std::move(document));
         } catch (const FormatError& error) {
-            throw FormatError(origin + ": " + error.what());
+            problems.report(error);
         }
-        if (!value.is_object())
-            throw FormatError(origin + ": expected a JSON object with \"text\"");
-        const json::Value* text = value.find("text");
-        if (!text || !text->is_string())
-            throw FormatError(origin + ": missing string field \"text\"");
-        Document document;
-        const json::Value* id = value.find("id");
-        if (!id || id->is_null())
-            document.id = path + ":" + std::to_string(line_number);
-        else if (id->is_string())
-            document.id = id->as_string();
-        else if (id->is_integer())
-            document.id = std::to_string(id->as_int());
-        else
-            throw FormatError(origin + ": \"id\" must be a string or an integer");
-        document.text = text->as_string();
-        document.origin = origin;
-        documents.push_back(std::move(document));
     }
 }
 
 }  // namespace
 
-std::vector<Document> read_documents(const std::vector<std::string>& inputs) {
-    std::vector<Document> documents;
+std::vector<Document> read_documents(const std::vector<std::string>& inputs,
+                                     std::vector<std::string>* problem_sink) {
+    const Problems problems{problem_sink};
+    std::vector<Document> read;
     for (const std::string& input : inputs) {
         if (input == "-") {
-            std::string text((std::istreambuf_iterator<char>(std::cin)),
-                             std::istreambuf_iterator<char>());
-            if (std::cin.bad()) throw IoError("cannot read standard input");
-            documents.push_back({"-", std::move(text), "standard input"});
+            try {
+                read.push_back({"-", read_standard_input(), "standard input"});
+            } catch (const IoError& error) {
+                problems.report(error);
+            }
         } else if (is_jsonl(input)) {
-            read_jsonl(input, documents);
+            read_jsonl(input, read, problems);
         } else {
-            documents.push_back({input, read_file_text(input), kv::quoted(input)});
+            try {
+                read.push_back({input, read_file_text(input), kv::quoted(input)});
+            } catch (const IoError& error) {
+                problems.report(error);
+            }
         }
     }
-    std::map<std::string, const Document*> seen;
-    for (const Document& document : documents) {
-        auto [found, inserted] = seen.emplace(document.id, &document);
-        if (!inserted)
-            throw FormatError("duplicate document id " + kv::quoted(document.id) + " (" +
-                              found->second->origin + " and " + document.origin + ")");
+    std::vector<Document> documents;
+    std::map<std::string, std::string> seen;  // id -> origin
+    for (Document& document : read) {
+        if (const std::size_t at = invalid_utf8_offset(document.text); at != std::string::npos) {
+            const std::string name = "document " + kv::quoted(document.id);
+            problems.report(FormatError((document.origin == kv::quoted(document.id)
+                                             ? name
+                                             : name + " (" + document.origin + ")") +
+                                        " is not valid UTF-8 (byte " + std::to_string(at) + ")"));
+            continue;
+        }
+        auto [found, inserted] = seen.emplace(document.id, document.origin);
+        if (!inserted) {
+            problems.report(FormatError("duplicate document id " + kv::quoted(document.id) + " (" +
+                                        found->second + " and " + document.origin + ")"));
+            continue;
+        }
+        documents.push_back(std::move(document));
     }
     return documents;
 }

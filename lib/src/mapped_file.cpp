@@ -61,11 +61,38 @@ MappedFile::~MappedFile() {
     if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
 }
 
+namespace {
+
+// Reads fd to its end; returns false with errno set on a read error.
+bool read_to_end(int fd, std::string& out) {
+    char buffer[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, buffer, sizeof buffer);
+        if (n == 0) return true;
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        out.append(buffer, static_cast<std::size_t>(n));
+    }
+}
+
+}  // namespace
+
 std::string read_file_text(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw IoError("cannot open " + quoted(path.string()) + ": " + system_reason());
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (in.bad()) throw IoError("cannot read " + quoted(path.string()) + ": " + system_reason());
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0)
+        throw IoError("cannot open " + quoted(path.string()) + ": " + system_reason());
+    std::string text;
+    if (!read_to_end(fd.get(), text))
+        throw IoError("cannot read " + quoted(path.string()) + ": " + system_reason());
+    return text;
+}
+
+std::string read_standard_input() {
+    std::string text;
+    if (!read_to_end(STDIN_FILENO, text))
+        throw IoError("cannot read standard input: " + system_reason());
     return text;
 }
 

@@ -61,8 +61,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
                 if (value.is_string()) result.metadata_[key] = value.as_string();
             continue;
         }
-        auto bad = [&](const std::string& why) {
-            return FormatError(source + ": tensor '" + name + "': " + why);
+        auto bad = [&, &tensor = name](const std::string& why) {
+            return FormatError(source + ": tensor '" + tensor + "': " + why);
         };
         if (!node.is_object()) throw bad("entry is not an object");
         const json::Value* dtype = node.find("dtype");

@@ -100,8 +100,15 @@ Provenance provenance(const std::string& tool, int argc, char** argv) {
         }
         result.command_line += (i ? " " : "") + argument;
     }
+    // SOURCE_DATE_EPOCH (reproducible-builds.org) pins the time; KV_NO_TIMESTAMP omits it.
+    const char* epoch = std::getenv("SOURCE_DATE_EPOCH");
     if (!std::getenv("KV_NO_TIMESTAMP")) {
-        const std::time_t now = std::time(nullptr);
+        char* end = nullptr;
+        const long long pinned = epoch && *epoch ? std::strtoll(epoch, &end, 10) : -1;
+        if (epoch && *epoch && (*end != '\0' || pinned < 0))
+            throw UsageError("SOURCE_DATE_EPOCH must be a number of seconds, not '" +
+                             std::string(epoch) + "'");
+        const std::time_t now = pinned >= 0 ? static_cast<std::time_t>(pinned) : std::time(nullptr);
         char text[32];
         std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
         result.created = text;
@@ -118,6 +125,9 @@ void write_stdout(std::string_view text) {
 int run_tool(const std::string& name, const std::string& description, int argc, char** argv,
              const std::function<void(CLI::App&)>& configure, const std::function<int()>& body) {
     std::signal(SIGPIPE, SIG_IGN);
+    // Over a file size limit (ulimit -f) a write fails with EFBIG and the tool reports it and
+    // removes its temporary file, instead of dying with nothing said.
+    std::signal(SIGXFSZ, SIG_IGN);
     CLI::App app(description, name);
     app.set_version_flag("--version", name + " (kvtools) " KV_VERSION);
     app.get_formatter()->column_width(34);

@@ -36,6 +36,13 @@ int main(int argc, char** argv) {
                        "Most tokens per forward pass; shorter documents are packed together")
             ->default_val(512)
             ->check(CLI::PositiveNumber);
+        app.add_flag("--keep-going", options.keep_going,
+                     "Skip bad documents (unreadable, malformed, not UTF-8, empty, duplicate, too "
+                     "long), list them on stderr, and bake the rest");
+        app.add_flag("--truncate", options.truncate,
+                     "Cut documents longer than the model's context instead of refusing them");
+        app.add_flag("--append", options.append,
+                     "Add the packets to the store given by -o (created when absent), locking it");
         kv::cli::add_cache_output_options(app, options.write, json_report);
         kv::cli::add_compute_options(app, compute);
         kv::cli::add_verbosity_options(app, verbosity);
@@ -75,18 +82,33 @@ int main(int argc, char** argv) {
             };
         const kv::BakeReport report = kv::bake(options);
         if (live) std::fputc('\n', stderr);
+        for (const std::string& problem : report.skipped)
+            std::fprintf(stderr, "kvbake: skipped: %s\n", problem.c_str());
         if (json_report) {
             kv::json::Value value = kv::json::Value::object();
             value.set("documents", report.documents);
             value.set("tokens", report.tokens);
             value.set("seconds", report.seconds);
             value.set("tokens_per_second", report.tokens_per_second);
+            value.set("truncated", report.truncated);
+            kv::json::Value skipped = kv::json::Value::array();
+            for (const std::string& problem : report.skipped)
+                skipped.push_back(problem);
+            value.set("skipped", std::move(skipped));
+            if (options.append) value.set("kept_documents", report.kept_documents);
             kv::cli::write_report(value, output);
-        } else if (!verbosity.quiet)
-            std::fprintf(stderr, "kvbake: %lld documents, %lld tokens in %.2f s (%.0f tokens/s)\n",
-                         static_cast<long long>(report.documents),
-                         static_cast<long long>(report.tokens), report.seconds,
-                         report.tokens_per_second);
+        } else if (!verbosity.quiet) {
+            std::string extra;
+            if (options.append)
+                extra += ", appended to " + std::to_string(report.kept_documents) + " kept";
+            if (report.truncated) extra += ", " + std::to_string(report.truncated) + " truncated";
+            if (!report.skipped.empty())
+                extra += ", " + std::to_string(report.skipped.size()) + " skipped";
+            std::fprintf(
+                stderr, "kvbake: %lld documents, %lld tokens in %.2f s (%.0f tokens/s)%s\n",
+                static_cast<long long>(report.documents), static_cast<long long>(report.tokens),
+                report.seconds, report.tokens_per_second, extra.c_str());
+        }
         return 0;
     };
 

@@ -95,6 +95,9 @@ struct CacheWriteOptions {
     bool shuffle = true;         ///< byte shuffle before zstd (helps float data)
     int64_t chunk_tokens = 256;  ///< tokens per chunk: the smallest unit read from disk
     bool force = false;          ///< allow writing binary data to a terminal
+    /// finish() refuses to replace a file that appeared under the name meanwhile (kvbake
+    /// --append creating a store that another process created first).
+    bool no_replace = false;
 };
 
 /// Writes a new cache file packet by packet (memory holds one packet at a time).
@@ -136,6 +139,7 @@ class CacheReader {
     /// In file order (the order packets were added).
     const std::vector<PacketInfo>& packets() const;
     const PacketInfo& packet_info(const std::string& id) const;  ///< throws Error naming the id
+    bool has_packet(const std::string& id) const;
 
     /// Reads one packet with its tensors, verifying checksums and shapes.
     Packet read(const std::string& id) const;
@@ -145,6 +149,22 @@ class CacheReader {
   private:
     struct State;
     std::unique_ptr<State> state_;
+};
+
+/// An exclusive advisory lock (flock) on an existing cache file for as long as it lives, taken
+/// without waiting: a second process gets IoError naming the file. Writers replace files by
+/// rename, so the lock is taken on the file the name refers to after locking (retrying when it
+/// was replaced meanwhile). Nothing is locked when the file does not exist.
+class CacheFileLock {
+  public:
+    explicit CacheFileLock(const std::filesystem::path& path);
+    ~CacheFileLock();
+    CacheFileLock(const CacheFileLock&) = delete;
+    CacheFileLock& operator=(const CacheFileLock&) = delete;
+    bool locked() const { return fd_ >= 0; }  ///< false: the file did not exist
+
+  private:
+    int fd_ = -1;
 };
 
 /// A cache argument as users write it: FILE (every packet, in file order) or FILE:ID (one packet),

@@ -34,6 +34,9 @@ class MappedFile {
 /// Reads a whole (small) file into a string; throws IoError naming the path.
 std::string read_file_text(const std::filesystem::path& path);
 
+/// Reads standard input to its end (closed or unreadable: IoError with the system's reason).
+std::string read_standard_input();
+
 /// Writes bytes to path atomically: a temporary file in the same directory, fsync, then rename.
 /// Nothing is ever left under `path` half written; throws IoError.
 void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size);

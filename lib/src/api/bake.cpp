@@ -8,6 +8,8 @@
 #include "runtime.hpp"
 
 #include <chrono>
+#include <memory>
+#include <optional>
 
 namespace kv {
 namespace {
@@ -62,6 +64,12 @@ void bake_batch(const Model& model, const std::vector<Tokenized>& batch, CacheDt
     }
 }
 
+// "document 'id'", with where it came from when the id alone does not say it.
+std::string describe(const Document& document) {
+    const std::string name = "document " + kv::quoted(document.id);
+    return document.origin == kv::quoted(document.id) ? name : name + " (" + document.origin + ")";
+}
+
 }  // namespace
 
 BakeReport bake(const BakeOptions& options) {
@@ -73,17 +81,50 @@ BakeReport bake(const BakeOptions& options) {
     if (options.inputs.empty()) throw UsageError("no input documents");
     set_compute_threads(options.threads);
 
+    if (options.append && options.output == "-")
+        throw UsageError("--append needs an output file (-o FILE), not standard output");
+    BakeReport report;
     // Read and check everything before the model loads: a bad input fails in a second.
-    const std::vector<Document> all_documents = read_documents(options.inputs);
+    const std::vector<Document> all_documents =
+        read_documents(options.inputs, options.keep_going ? &report.skipped : nullptr);
+    auto reject = [&](const Error& error) {
+        if (!options.keep_going) throw;
+        report.skipped.push_back(error.what());
+    };
+
+    // The lock is held from before the store is read until its replacement is in place.
+    std::optional<CacheFileLock> store_lock;
+    std::unique_ptr<CacheReader> store;
+    if (options.append) {
+        store_lock.emplace(options.output);
+        if (store_lock->locked()) store = std::make_unique<CacheReader>(options.output);
+    }
     std::vector<const Document*> documents;
-    for (std::size_t i = 0; i < all_documents.size(); ++i)
-        if (static_cast<int64_t>(i) % options.shard_count == options.shard_index)
-            documents.push_back(&all_documents[i]);
+    for (std::size_t i = 0; i < all_documents.size(); ++i) {
+        if (static_cast<int64_t>(i) % options.shard_count != options.shard_index) continue;
+        const Document& document = all_documents[i];
+        if (store && store->has_packet(document.id)) {
+            try {
+                throw MismatchError(describe(document) + " is already in " + store->source());
+            } catch (const MismatchError& error) {
+                reject(error);
+            }
+            continue;
+        }
+        documents.push_back(&document);
+    }
 
     const Runtime runtime = load_runtime(
         {options.model, options.tokenizer, options.dtype, options.device, options.use_mmap});
     const Model& model = *runtime.model;
     const Tokenizer& tokenizer = *runtime.tokenizer;
+    if (store) {
+        try {
+            check_compatible(runtime.cache_info, store->model(), store->source());
+        } catch (const MismatchError& error) {
+            throw MismatchError("cannot append to " + store->source() + ": " + error.what());
+        }
+    }
     const int64_t context = model.config().max_position_embeddings;
     const bool with_bos = options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
 
@@ -94,18 +135,36 @@ BakeReport bake(const BakeOptions& options) {
         if (with_bos) item.ids.push_back(tokenizer.bos_id());
         for (int32_t id : tokenizer.encode(document->text))
             item.ids.push_back(id);
-        if (item.ids.empty() || (with_bos && item.ids.size() == 1))
-            throw FormatError("document " + kv::quoted(document->id) + " (" + document->origin +
-                              ") is empty");
-        if (static_cast<int64_t>(item.ids.size()) > context)
-            throw MismatchError("document " + kv::quoted(document->id) + " is " +
-                                std::to_string(item.ids.size()) +
-                                " tokens, the model's context is " + std::to_string(context));
+        try {
+            if (item.ids.empty() || (with_bos && item.ids.size() == 1))
+                throw FormatError(describe(*document) + " is empty");
+            if (static_cast<int64_t>(item.ids.size()) > context) {
+                if (!options.truncate)
+                    throw MismatchError(describe(*document) + " is " +
+                                        std::to_string(item.ids.size()) +
+                                        " tokens, the model's context is " +
+                                        std::to_string(context) + " (--truncate cuts it)");
+                item.ids.resize(static_cast<std::size_t>(context));
+                ++report.truncated;
+            }
+        } catch (const Error& error) {
+            reject(error);
+            continue;
+        }
         tokenized.push_back(std::move(item));
     }
+    if (tokenized.empty() && !report.skipped.empty() && !options.append)
+        throw FormatError("no document left to bake: all " + std::to_string(report.skipped.size()) +
+                          " were skipped (first: " + report.skipped.front() + ")");
 
-    CacheWriter writer(options.output, runtime.cache_info, options.provenance, options.write);
-    BakeReport report;
+    CacheWriteOptions write = options.write;
+    write.no_replace = options.append && !store;
+    CacheWriter writer(options.output, runtime.cache_info, options.provenance, write);
+    if (store) {
+        for (const PacketInfo& info : store->packets())
+            writer.add(store->read(info.id));
+        report.kept_documents = static_cast<int64_t>(store->packets().size());
+    }
     BakeProgress progress;
     progress.documents_total = static_cast<int64_t>(tokenized.size());
     std::vector<Tokenized> batch;

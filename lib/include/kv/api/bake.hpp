@@ -32,6 +32,13 @@ struct BakeOptions {
     int64_t shard_index = 0;          ///< bake documents whose ordinal % shard_count == shard_index
     int64_t shard_count = 1;
     int64_t batch_tokens = 512;  ///< most tokens per forward pass when packing documents
+    /// Skip bad documents (unreadable, malformed, not UTF-8, empty, duplicate, too long) and
+    /// report them instead of failing the whole run.
+    bool keep_going = false;
+    bool truncate = false;  ///< cut documents longer than the context instead of refusing them
+    /// Add the packets to the existing store at `output` (created when absent): the store is
+    /// locked meanwhile and replaced atomically with its old packets followed by the new ones.
+    bool append = false;
     int threads = 0;
     std::string device = "auto";
     std::string dtype = "auto";  ///< compute and storage dtype
@@ -42,7 +49,10 @@ struct BakeOptions {
 };
 
 struct BakeReport {
-    int64_t documents = 0;
+    int64_t documents = 0;             ///< baked by this run
+    int64_t kept_documents = 0;        ///< already in the store (append)
+    int64_t truncated = 0;             ///< documents cut to the context length
+    std::vector<std::string> skipped;  ///< one line per document skipped (keep_going)
     int64_t tokens = 0;
     double seconds = 0;  ///< tokenizing, prefilling and writing, without loading the model
     double tokens_per_second = 0;
