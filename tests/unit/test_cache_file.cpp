@@ -387,3 +387,41 @@ TEST_CASE("the corpus files hold what their generator wrote", "[cache_file]") {
     CHECK(many.packet_info("with/slash").stored_length > 0);
     CHECK(many.read("日本語").id == "日本語");
 }
+
+TEST_CASE("a cache file lock excludes a second locker and follows replacement", "[cache_file]") {
+    kv::test::TempDir dir;
+    const auto path = dir / "store.kvc";
+    {
+        kv::CacheFileLock nothing(path);
+        CHECK_FALSE(nothing.locked());  // no file: nothing to lock
+    }
+    write_store(path, test_model(), {make_packet(test_model(), "a", 3, 1)});
+    {
+        kv::CacheFileLock first(path);
+        REQUIRE(first.locked());
+        // flock locks belong to the open file, so a second open in this process conflicts too.
+        REQUIRE_THROWS_WITH(kv::CacheFileLock(path),
+                            Catch::Contains("is locked: another process is writing it"));
+        // The holder replaces the file by rename, as a writer does; its lock stays on the old one.
+        write_store(path, test_model(), {make_packet(test_model(), "b", 3, 2)});
+        kv::CacheFileLock after_replacement(path);
+        CHECK(after_replacement.locked());
+    }
+    kv::CacheFileLock again(path);
+    CHECK(again.locked());
+}
+
+TEST_CASE("no_replace refuses a file that appeared meanwhile", "[cache_file]") {
+    kv::test::TempDir dir;
+    const auto path = dir / "store.kvc";
+    kv::CacheWriteOptions options;
+    options.no_replace = true;
+    kv::CacheWriter writer(path, test_model(), test_provenance(), options);
+    writer.add(make_packet(test_model(), "mine", 3, 1));
+    write_store(path, test_model(), {make_packet(test_model(), "theirs", 3, 2)});
+    REQUIRE_THROWS_WITH(writer.finish(), Catch::Contains("another process created it meanwhile"));
+    const kv::CacheReader reader(path);
+    REQUIRE(reader.packets().size() == 1);
+    CHECK(reader.packets()[0].id == "theirs");
+    CHECK(std::distance(std::filesystem::directory_iterator(dir.path()), {}) == 1);
+}

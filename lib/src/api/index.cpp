@@ -66,12 +66,7 @@ PacketIndex build_packet_index(const Packet& packet, const CacheModelInfo& model
 
 IndexReport index_cache_file(const IndexOptions& options) {
     const auto started = std::chrono::steady_clock::now();
-    if (options.page_size < 2 || options.page_size > 4096)
-        throw UsageError("--page-size must lie in [2, 4096], not " +
-                         std::to_string(options.page_size));
-    if (!(options.promotion_first > 0 && options.promotion_first < 1) ||
-        !(options.promotion_rest > 0 && options.promotion_rest < 1))
-        throw UsageError("promotion ratios must lie in (0, 1)");
+    validate_dci_options(dci_options(options));
     const int threads = options.threads > 0
                             ? options.threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -184,7 +184,10 @@ ServeStats serve_once(const ServeOptions& options,
     }
     if (sparse) {
         const SparseStats& sparse_stats = sparse->stats();
-        for (std::size_t layer = 0; layer < sparse_stats.recall_sum.size(); ++layer)
+        // Only measured recall is reported; a layer with no sparse step (dense) attends to
+        // every token, so its recall is exactly 1.
+        for (std::size_t layer = 0;
+             options.measure_recall && layer < sparse_stats.recall_sum.size(); ++layer)
             stats.attention_recall.push_back(
                 sparse_stats.recall_count[layer] > 0
                     ? sparse_stats.recall_sum[layer] /
@@ -226,6 +229,8 @@ json::Value stats_to_json(const ServeStats& stats) {
         for (double value : stats.attention_recall)
             recall.push_back(value);
         result.set("attention_recall", std::move(recall));
+    }
+    if (stats.attention != "full" || !stats.attention_recall.empty()) {
         result.set("attended_tokens", stats.attended_tokens);
         result.set("index_dot_products", stats.index_dot_products);
         result.set("indexed_tokens", stats.indexed_tokens);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -41,6 +42,32 @@ std::vector<float> dci_projection(int64_t head_dim, uint64_t seed) {
     return direction;
 }
 
+void validate_dci_options(const DciOptions& options) {
+    if (options.page_size < 2 || options.page_size > 4096)
+        throw UsageError("page size must lie in [2, 4096], not " +
+                         std::to_string(options.page_size));
+    auto shortest = [](double value) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%g", value);
+        return std::string(text);
+    };
+    auto ratio = [&](const char* name, double value) {
+        if (!(value > 0 && value < 1))
+            throw UsageError(std::string(name) + " must lie in (0, 1), not " + shortest(value));
+    };
+    ratio("the first promotion ratio (p0)", options.promotion_first);
+    ratio("the promotion ratio of higher levels (p1)", options.promotion_rest);
+    if (!(options.norm_headroom >= 1))
+        throw UsageError("norm headroom must be at least 1, not " +
+                         shortest(options.norm_headroom));
+    if (options.anchor_interval < 1)
+        throw UsageError("anchor interval must be at least 1, not " +
+                         std::to_string(options.anchor_interval));
+    if (options.exact_parent_limit < 0)
+        throw UsageError("exact parent limit must not be negative, not " +
+                         std::to_string(options.exact_parent_limit));
+}
+
 DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions options)
     : head_dim_(head_dim), direction_(std::move(projection)), options_(options) {
     if (head_dim_ <= 0) throw UsageError("dci: head_dim must be positive");
@@ -54,11 +81,7 @@ DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions o
     if (!(norm > 0) || !std::isfinite(norm)) throw UsageError("dci: the projection is zero");
     for (float& value : direction_)
         value = static_cast<float>(value / std::sqrt(norm));
-    if (!(options_.promotion_first > 0 && options_.promotion_first < 1) ||
-        !(options_.promotion_rest > 0 && options_.promotion_rest < 1))
-        throw UsageError("dci: promotion ratios must lie in (0, 1)");
-    if (options_.page_size < 2) throw UsageError("dci: pages need at least 2 slots");
-    if (options_.norm_headroom < 1) throw UsageError("dci: norm headroom must be at least 1");
+    validate_dci_options(options_);
     reset();
 }
 

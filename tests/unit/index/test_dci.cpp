@@ -293,7 +293,21 @@ TEST_CASE("bad index parameters are usage errors", "[dci]") {
     DciOptions options;
     options.promotion_first = 0;
     CHECK_THROWS_WITH(DciIndex(dim, random_direction(1), options),
-                      Catch::Contains("promotion ratios"));
+                      Catch::Contains("first promotion ratio (p0) must lie in (0, 1), not 0"));
+    options = {};
+    options.promotion_rest = 1;
+    CHECK_THROWS_WITH(validate_dci_options(options), Catch::Contains("(p1) must lie in (0, 1)"));
+    options = {};
+    options.page_size = 5000;
+    CHECK_THROWS_WITH(validate_dci_options(options),
+                      Catch::Contains("page size must lie in [2, 4096], not 5000"));
+    options = {};
+    options.norm_headroom = 0.5;
+    CHECK_THROWS_WITH(validate_dci_options(options), Catch::Contains("at least 1, not 0.5"));
+    options = {};
+    options.anchor_interval = 0;
+    CHECK_THROWS_AS(validate_dci_options(options), kv::UsageError);
+    CHECK_NOTHROW(validate_dci_options(DciOptions{}));
 }
 
 TEST_CASE("a stored layout restores the same index, and a bad one is refused", "[dci]") {

@@ -34,6 +34,11 @@ struct DciOptions {
     double norm_headroom = 1.25;              ///< M = headroom * largest squared norm seen at build
 };
 
+/// Throws UsageError naming the first option out of range (page size in [2, 4096], promotion
+/// ratios in (0, 1), norm headroom >= 1, anchor interval >= 1, exact parent limit >= 0). The
+/// index's constructor calls it; so do the tools before any work starts.
+void validate_dci_options(const DciOptions& options);
+
 struct DciQueryOptions {
     int64_t pages = 12;           ///< pages wanted (k)
     int64_t field_of_view = 0;    ///< points kept per level; 0: max(tokens / 1000, 30)
