@@ -268,6 +268,19 @@ class HfBpeTokenizer final : public Tokenizer {
         }
         try {
             if (!root.is_object()) malformed("expected an object at the top level");
+            // Counted before anything is checked: load_model reports a vocabulary of the wrong
+            // kind with its own message.
+            auto entries = [](const Value* value) -> int64_t {
+                if (!value) return 0;
+                if (value->is_object()) return static_cast<int64_t>(value->as_object().size());
+                if (value->is_array()) return static_cast<int64_t>(value->as_array().size());
+                return 0;
+            };
+            const Value* model = root.find("model");
+            declared_tokens_ =
+                entries(model && model->is_object() ? model->find("vocab") : nullptr) +
+                entries(root.find("added_tokens"));
+            id_limit_ = std::min<int64_t>(INT32_MAX, 4 * declared_tokens_ + 1024);
             load_model(root.at("model"));
             load_added_tokens(root.find("added_tokens"));
             load_normalizer(root.find("normalizer"));
@@ -328,9 +341,12 @@ class HfBpeTokenizer final : public Tokenizer {
     // ---- loading ----
 
     void set_token(const std::string& token, int64_t id) {
-        if (id < 0 || id >= INT32_MAX) {
+        // Ids are dense in real files; a bound proportional to the number of tokens keeps a
+        // corrupt id from sizing the tables (found by fuzzing: one id of 2e9 asked for 64 GB).
+        if (id < 0 || id >= id_limit_) {
             malformed("token id " + std::to_string(id) + " of " + kv::quoted(token) +
-                      " is out of range");
+                      " is out of range (the file has " + std::to_string(declared_tokens_) +
+                      " tokens; ids must lie below " + std::to_string(id_limit_) + ")");
         }
         if (static_cast<size_t>(id) >= id_to_token_.size()) {
             id_to_token_.resize(static_cast<size_t>(id) + 1);
@@ -414,11 +430,11 @@ class HfBpeTokenizer final : public Tokenizer {
     void load_added_tokens(const Value* added_tokens) {
         if (!added_tokens || added_tokens->is_null()) return;
         for (const Value& entry : added_tokens->as_array()) {
-            AddedToken token{
-                entry.at("content").as_string(), static_cast<int32_t>(entry.at("id").as_int()),
-                flag(entry, "special", false),   flag(entry, "lstrip", false),
-                flag(entry, "rstrip", false),    flag(entry, "single_word", false)};
-            set_token(token.content, token.id);
+            const int64_t id = entry.at("id").as_int();
+            set_token(entry.at("content").as_string(), id);  // checks the range first
+            AddedToken token{entry.at("content").as_string(), static_cast<int32_t>(id),
+                             flag(entry, "special", false),   flag(entry, "lstrip", false),
+                             flag(entry, "rstrip", false),    flag(entry, "single_word", false)};
             if (token.content.empty()) continue;
             added_lengths_.push_back(token.content.size());
             added_first_bytes_[static_cast<unsigned char>(token.content[0])] = true;
@@ -1000,6 +1016,8 @@ class HfBpeTokenizer final : public Tokenizer {
     };
 
     std::string where_;
+    int64_t declared_tokens_ = 0;  // vocab entries plus added tokens
+    int64_t id_limit_ = INT32_MAX;
     // The model.
     StringMap<int32_t> vocab_;
     std::unordered_map<uint64_t, Merge> merges_;

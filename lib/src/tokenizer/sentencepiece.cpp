@@ -51,8 +51,15 @@ const SpmModule& spm_module() {
         candidates.emplace_back(KV_SPM_MODULE_INSTALLED);
         void* handle = nullptr;
         std::string reasons;
+#if defined(__SANITIZE_ADDRESS__)
+        // AddressSanitizer refuses RTLD_DEEPBIND (google/sanitizers#611); sanitizer builds load
+        // the module without it and rely on RTLD_LOCAL alone.
+        constexpr int deep_bind = 0;
+#else
+        constexpr int deep_bind = RTLD_DEEPBIND;
+#endif
         for (const auto& candidate : candidates) {
-            handle = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+            handle = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | deep_bind);
             if (handle) break;
             const char* reason = ::dlerror();
             reasons +=

@@ -1,4 +1,4 @@
-# Same input, threads and flags give byte-identical files; SOURCE_DATE_EPOCH pins the one
+# Same input, threads and flags give byte-identical files (kvbake, kvindex, kvpack); SOURCE_DATE_EPOCH pins the one
 # timestamp (provenance), and greedy decoding repeats itself.
 . "$KV_CLI_LIB"
 for i in $(seq 6); do echo "{\"id\": \"d$i\", \"text\": \"Document $i says the code of Ada is 4861$i.\"}"; done > docs.jsonl
@@ -7,6 +7,11 @@ mkdir one two  # the command line is recorded: the same one, run in two places
 sleep 1.1
 (cd two && SOURCE_DATE_EPOCH=1700000000 kvbake -m "$demo" -q -t 2 ../docs.jsonl -o out.kvc)
 cmp one/out.kvc two/out.kvc && echo identical
+for place in one two; do  # and so do the tools after it
+    (cd $place && SOURCE_DATE_EPOCH=1700000000 kvindex -q -t 2 out.kvc -o indexed.kvc &&
+        SOURCE_DATE_EPOCH=1700000000 kvpack -q indexed.kvc -o packed.kvc)
+done
+cmp one/indexed.kvc two/indexed.kvc && cmp one/packed.kvc two/packed.kvc && echo "indexed and packed identical"
 kvinspect show one/out.kvc | grep -o '2023-[0-9T:-]*Z'
 for run in 1 2; do
     kvserve-once -m "$demo" --cache one/out.kvc --prompt "The code of Ada is" -n 8 --temp 0 -t 2
