@@ -52,8 +52,9 @@ const SpmModule& spm_module() {
         void* handle = nullptr;
         std::string reasons;
 #if defined(__SANITIZE_ADDRESS__)
-        // AddressSanitizer refuses RTLD_DEEPBIND (google/sanitizers#611); sanitizer builds load
-        // the module without it and rely on RTLD_LOCAL alone.
+        // AddressSanitizer refuses RTLD_DEEPBIND (google/sanitizers#611). Without it the
+        // module's protobuf meets libtorch's and sentencepiece refuses to run: under ASan a
+        // tokenizer.model fails with that message instead of aborting the process.
         constexpr int deep_bind = 0;
 #else
         constexpr int deep_bind = RTLD_DEEPBIND;
