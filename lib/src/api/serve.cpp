@@ -143,6 +143,9 @@ ServeStats serve_once(const ServeOptions& options,
     } else {
         logits = model.prefill(prompt, cache, options.prefill_chunk);
     }
+    // Restoring the stored indexes is setup: it belongs to the time to first token, not to
+    // the first decoding step.
+    if (sparse) sparse->prepare(cache);
     stats.prefill_seconds = seconds_since(prompt_start);
     stats.total_context_tokens = cache.next_position();
     stats.stop_reason = "length";

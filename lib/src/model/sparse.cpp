@@ -166,6 +166,88 @@ torch::Tensor index_keys(const torch::Tensor& keys, int64_t head, int64_t first,
 
 }  // namespace
 
+void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
+    State& s = *state_;
+    const int64_t total = keys.size(1);
+    const int64_t kv_heads = keys.size(0), dim = keys.size(2);
+    const int64_t window_start = total - s.split.window;
+    const auto layer_slot = static_cast<std::size_t>(layer);
+    const auto index_started = Clock::now();
+    // Index every row that has left the window: stored segments are restored, the rest
+    // (BOS, the prompt, decoded tokens) grows live segments.
+    int64_t& covered = s.covered[layer_slot];
+    while (covered < window_start) {
+        auto stored = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
+            return g.stored && g.first_row <= covered && covered < g.first_row + g.stored_count;
+        });
+        if (stored != s.segments.end()) {
+            for (int64_t head = 0; head < kv_heads; ++head) {
+                auto& index = stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                index = std::make_unique<DciIndex>(dim, stored->stored->projection);
+                const torch::Tensor k = index_keys(keys, head, stored->first_row,
+                                                   stored->stored_count, stored->delta, s.rope);
+                index->restore(
+                    k.data_ptr<float>(), stored->stored_count,
+                    stored->stored->layout(layer, head, kv_heads, stored->stored_segment),
+                    "the index of cache rows " + std::to_string(stored->first_row) + "+");
+            }
+            covered = stored->first_row + stored->stored_count;
+            continue;
+        }
+        // Up to the next stored segment or the window.
+        int64_t end = window_start;
+        for (const Segment& g : s.segments)
+            if (g.stored && g.first_row > covered) end = std::min(end, g.first_row);
+        Segment* live = nullptr;
+        for (Segment& g : s.segments) {
+            const auto& first = g.indexes[static_cast<std::size_t>(layer * kv_heads)];
+            if (!g.stored && first && g.first_row + first->size() == covered) live = &g;
+        }
+        if (!live) {
+            // A new live segment; later layers find it by its first row.
+            auto found = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
+                return !g.stored && g.first_row == covered;
+            });
+            if (found == s.segments.end()) {
+                Segment segment;
+                segment.first_row = covered;
+                segment.indexes.resize(static_cast<std::size_t>(s.config.num_layers * kv_heads));
+                s.segments.push_back(std::move(segment));
+                std::sort(
+                    s.segments.begin(), s.segments.end(),
+                    [](const Segment& a, const Segment& b) { return a.first_row < b.first_row; });
+                found = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
+                    return !g.stored && g.first_row == covered;
+                });
+            }
+            live = &*found;
+            for (int64_t head = 0; head < kv_heads; ++head) {
+                auto& index = live->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                index = std::make_unique<DciIndex>(dim, s.projection);
+                const torch::Tensor k = index_keys(keys, head, covered, end - covered, 0, s.rope);
+                index->build(k.data_ptr<float>(), end - covered);
+            }
+        } else {
+            for (int64_t head = 0; head < kv_heads; ++head) {
+                const torch::Tensor k = index_keys(keys, head, covered, end - covered, 0, s.rope);
+                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)]->insert(
+                    k.data_ptr<float>(), end - covered);
+            }
+        }
+        stats_.indexed_tokens += (end - covered) * kv_heads;
+        covered = end;
+    }
+    stats_.index_seconds += since(index_started);
+}
+
+void SparseAttention::prepare(const KvCache& cache) {
+    if (options_.method != SparseMethod::icecache) return;
+    for (int64_t layer = options_.dense_layers; layer < state_->config.num_layers; ++layer) {
+        const torch::Tensor keys = cache.keys(layer);
+        if (keys.size(1) > options_.budget) index_rows(layer, keys);
+    }
+}
+
 bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
                              std::vector<std::vector<int64_t>>& rows) {
     if (options_.method == SparseMethod::full || layer < options_.dense_layers) return false;
@@ -311,77 +393,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             rows[static_cast<std::size_t>(head)] = kept;
         }
     } else {  // icecache
-        const auto index_started = Clock::now();
-        // Index every row that has left the window: stored segments are restored, the rest
-        // (BOS, the prompt, decoded tokens) grows live segments.
-        int64_t& covered = s.covered[layer_slot];
-        while (covered < window_start) {
-            auto stored = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
-                return g.stored && g.first_row <= covered && covered < g.first_row + g.stored_count;
-            });
-            if (stored != s.segments.end()) {
-                for (int64_t head = 0; head < kv_heads; ++head) {
-                    auto& index =
-                        stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
-                    index = std::make_unique<DciIndex>(dim, stored->stored->projection);
-                    const torch::Tensor k = index_keys(keys, head, stored->first_row,
-                                                       stored->stored_count, stored->delta, s.rope);
-                    index->restore(
-                        k.data_ptr<float>(), stored->stored_count,
-                        stored->stored->layout(layer, head, kv_heads, stored->stored_segment),
-                        "the index of cache rows " + std::to_string(stored->first_row) + "+");
-                }
-                covered = stored->first_row + stored->stored_count;
-                continue;
-            }
-            // Up to the next stored segment or the window.
-            int64_t end = window_start;
-            for (const Segment& g : s.segments)
-                if (g.stored && g.first_row > covered) end = std::min(end, g.first_row);
-            Segment* live = nullptr;
-            for (Segment& g : s.segments) {
-                const auto& first = g.indexes[static_cast<std::size_t>(layer * kv_heads)];
-                if (!g.stored && first && g.first_row + first->size() == covered) live = &g;
-            }
-            if (!live) {
-                // A new live segment; later layers find it by its first row.
-                auto found = std::find_if(
-                    s.segments.begin(), s.segments.end(),
-                    [&](const Segment& g) { return !g.stored && g.first_row == covered; });
-                if (found == s.segments.end()) {
-                    Segment segment;
-                    segment.first_row = covered;
-                    segment.indexes.resize(
-                        static_cast<std::size_t>(s.config.num_layers * kv_heads));
-                    s.segments.push_back(std::move(segment));
-                    std::sort(s.segments.begin(), s.segments.end(),
-                              [](const Segment& a, const Segment& b) {
-                                  return a.first_row < b.first_row;
-                              });
-                    found = std::find_if(
-                        s.segments.begin(), s.segments.end(),
-                        [&](const Segment& g) { return !g.stored && g.first_row == covered; });
-                }
-                live = &*found;
-                for (int64_t head = 0; head < kv_heads; ++head) {
-                    auto& index = live->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
-                    index = std::make_unique<DciIndex>(dim, s.projection);
-                    const torch::Tensor k =
-                        index_keys(keys, head, covered, end - covered, 0, s.rope);
-                    index->build(k.data_ptr<float>(), end - covered);
-                }
-            } else {
-                for (int64_t head = 0; head < kv_heads; ++head) {
-                    const torch::Tensor k =
-                        index_keys(keys, head, covered, end - covered, 0, s.rope);
-                    live->indexes[static_cast<std::size_t>(layer * kv_heads + head)]->insert(
-                        k.data_ptr<float>(), end - covered);
-                }
-            }
-            stats_.indexed_tokens += (end - covered) * kv_heads;
-            covered = end;
-        }
-        stats_.index_seconds += since(index_started);
+        index_rows(layer, keys);
 
         const int64_t wanted = s.split.retrieved / options_.page_size;
         DciQueryOptions query_options;

@@ -76,10 +76,17 @@ class SparseAttention {
     bool select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
                 std::vector<std::vector<int64_t>>& rows);
 
+    /// Builds or restores the indexes of every sparse layer for the rows the cache holds now
+    /// (IceCache; others need nothing), so that this one-time work happens before decoding
+    /// instead of inside its first step. select() does the same lazily when not called.
+    void prepare(const KvCache& cache);
+
     const SparseOptions& options() const { return options_; }
     const SparseStats& stats() const { return stats_; }
 
   private:
+    void index_rows(int64_t layer, const torch::Tensor& keys);  // rows that left the window
+
     struct State;
     std::unique_ptr<State> state_;
     SparseOptions options_;
