@@ -14,16 +14,6 @@ bool is_jsonl(const std::string& path) {
     return path.size() > 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
 }
 
-// Throws or records: the one place that decides what --keep-going forgives.
-struct Problems {
-    std::vector<std::string>* sink;
-    template <typename Error>
-    void report(const Error& error) const {
-        if (!sink) throw error;
-        sink->push_back(error.what());
-    }
-};
-
 // Byte offset of the first byte that does not start a valid UTF-8 sequence, or npos.
 std::size_t invalid_utf8_offset(std::string_view text) {
     for (std::size_t at = 0; at < text.size();) {
@@ -35,7 +25,7 @@ std::size_t invalid_utf8_offset(std::string_view text) {
 }
 
 void read_jsonl(const std::string& path, std::vector<Document>& documents,
-                const Problems& problems) {
+                const DocumentProblems& problems) {
     std::string content;
     try {
         content = read_file_text(path);
@@ -87,9 +77,14 @@ void read_jsonl(const std::string& path, std::vector<Document>& documents,
 
 }  // namespace
 
+std::string describe(const Document& document) {
+    const std::string name = "document " + kv::quoted(document.id);
+    return document.origin == kv::quoted(document.id) ? name : name + " (" + document.origin + ")";
+}
+
 std::vector<Document> read_documents(const std::vector<std::string>& inputs,
                                      std::vector<std::string>* problem_sink) {
-    const Problems problems{problem_sink};
+    const DocumentProblems problems{problem_sink};
     std::vector<Document> read;
     for (const std::string& input : inputs) {
         if (input == "-") {
@@ -112,11 +107,8 @@ std::vector<Document> read_documents(const std::vector<std::string>& inputs,
     std::map<std::string, std::string> seen;  // id -> origin
     for (Document& document : read) {
         if (const std::size_t at = invalid_utf8_offset(document.text); at != std::string::npos) {
-            const std::string name = "document " + kv::quoted(document.id);
-            problems.report(FormatError((document.origin == kv::quoted(document.id)
-                                             ? name
-                                             : name + " (" + document.origin + ")") +
-                                        " is not valid UTF-8 (byte " + std::to_string(at) + ")"));
+            problems.report(FormatError(describe(document) + " is not valid UTF-8 (byte " +
+                                        std::to_string(at) + ")"));
             continue;
         }
         auto [found, inserted] = seen.emplace(document.id, document.origin);

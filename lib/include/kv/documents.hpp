@@ -23,4 +23,18 @@ struct Document {
 std::vector<Document> read_documents(const std::vector<std::string>& inputs,
                                      std::vector<std::string>* problems = nullptr);
 
+/// "document 'ID'", followed by where it came from when the id alone does not say it.
+std::string describe(const Document& document);
+
+/// What --keep-going forgives, decided in one place: without a sink a problem is thrown, with
+/// one it is recorded as its one-line message (the caller then skips the culprit).
+struct DocumentProblems {
+    std::vector<std::string>* sink = nullptr;
+    template <typename Problem>
+    void report(const Problem& problem) const {
+        if (!sink) throw problem;
+        sink->push_back(problem.what());
+    }
+};
+
 }  // namespace kv

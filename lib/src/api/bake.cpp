@@ -64,12 +64,6 @@ void bake_batch(const Model& model, const std::vector<Tokenized>& batch, CacheDt
     }
 }
 
-// "document 'id'", with where it came from when the id alone does not say it.
-std::string describe(const Document& document) {
-    const std::string name = "document " + kv::quoted(document.id);
-    return document.origin == kv::quoted(document.id) ? name : name + " (" + document.origin + ")";
-}
-
 }  // namespace
 
 BakeReport bake(const BakeOptions& options) {
@@ -85,12 +79,8 @@ BakeReport bake(const BakeOptions& options) {
         throw UsageError("--append needs an output file (-o FILE), not standard output");
     BakeReport report;
     // Read and check everything before the model loads: a bad input fails in a second.
-    const std::vector<Document> all_documents =
-        read_documents(options.inputs, options.keep_going ? &report.skipped : nullptr);
-    auto reject = [&](const Error& error) {
-        if (!options.keep_going) throw;
-        report.skipped.push_back(error.what());
-    };
+    const DocumentProblems problems{options.keep_going ? &report.skipped : nullptr};
+    const std::vector<Document> all_documents = read_documents(options.inputs, problems.sink);
 
     // The lock is held from before the store is read until its replacement is in place.
     std::optional<CacheFileLock> store_lock;
@@ -104,11 +94,8 @@ BakeReport bake(const BakeOptions& options) {
         if (static_cast<int64_t>(i) % options.shard_count != options.shard_index) continue;
         const Document& document = all_documents[i];
         if (store && store->has_packet(document.id)) {
-            try {
-                throw MismatchError(describe(document) + " is already in " + store->source());
-            } catch (const MismatchError& error) {
-                reject(error);
-            }
+            problems.report(
+                MismatchError(describe(document) + " is already in " + store->source()));
             continue;
         }
         documents.push_back(&document);
@@ -135,21 +122,20 @@ BakeReport bake(const BakeOptions& options) {
         if (with_bos) item.ids.push_back(tokenizer.bos_id());
         for (int32_t id : tokenizer.encode(document->text))
             item.ids.push_back(id);
-        try {
-            if (item.ids.empty() || (with_bos && item.ids.size() == 1))
-                throw FormatError(describe(*document) + " is empty");
-            if (static_cast<int64_t>(item.ids.size()) > context) {
-                if (!options.truncate)
-                    throw MismatchError(describe(*document) + " is " +
-                                        std::to_string(item.ids.size()) +
-                                        " tokens, the model's context is " +
-                                        std::to_string(context) + " (--truncate cuts it)");
-                item.ids.resize(static_cast<std::size_t>(context));
-                ++report.truncated;
-            }
-        } catch (const Error& error) {
-            reject(error);
+        if (item.ids.empty() || (with_bos && item.ids.size() == 1)) {
+            problems.report(FormatError(describe(*document) + " is empty"));
             continue;
+        }
+        if (static_cast<int64_t>(item.ids.size()) > context) {
+            if (!options.truncate) {
+                problems.report(MismatchError(describe(*document) + " is " +
+                                              std::to_string(item.ids.size()) +
+                                              " tokens, the model's context is " +
+                                              std::to_string(context) + " (--truncate cuts it)"));
+                continue;
+            }
+            item.ids.resize(static_cast<std::size_t>(context));
+            ++report.truncated;
         }
         tokenized.push_back(std::move(item));
     }
