@@ -38,10 +38,15 @@ namespace {
 
 constexpr const char* format_name = "kvtools-kvcache";
 constexpr int format_major = 1;
-constexpr int format_minor = 1;  // written only when a packet has an index (6.5)
+// Writers write the lowest version that describes the file: 1.0, 1.1 once a packet has an index
+// (6.5), 1.2 once one keeps different tokens per head (6.3).
+constexpr int format_minor = 2;
+constexpr int index_minor = 1;
+constexpr int ragged_minor = 2;
+constexpr const char* ragged_feature = "ragged-heads";
 constexpr int64_t max_1d_chunk = 65536;
-/// Features this reader implements (none yet beyond version 1.0 itself).
-const std::set<std::string> known_features = {};
+/// Features this reader implements.
+const std::set<std::string> known_features = {ragged_feature};
 
 // HDF5 1.10 serial keeps global state without locks: every call into it from this module holds
 // this mutex. Recursive, because public functions call each other.
@@ -454,6 +459,20 @@ class FileWriter {
             fail_hdf5("cannot write attribute " + kv::quoted(name));
     }
 
+    void write_string_list(hid_t object, const char* name,
+                           const std::vector<std::string>& values) const {
+        Handle type = make_string_type();
+        const hsize_t count = values.size();
+        Handle space(H5Screate_simple(1, &count, nullptr), H5Sclose);
+        Handle attribute(
+            H5Acreate2(object, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+        std::vector<const char*> pointers;
+        for (const std::string& value : values)
+            pointers.push_back(value.c_str());
+        if (!attribute.valid() || H5Awrite(attribute.get(), type.get(), pointers.data()) < 0)
+            fail_hdf5("cannot write attribute " + kv::quoted(name));
+    }
+
     void write_integer(hid_t object, const char* name, int64_t value) const {
         write_number(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &value);
     }
@@ -696,6 +715,7 @@ struct CacheWriter::State {
     bool finished = false;
     bool broken = false;  // an HDF5 write failed midway: the file cannot be finished
     bool has_index = false;
+    bool has_ragged = false;
 
     void discard() {  // with the HDF5 lock held
         packets.reset();
@@ -831,6 +851,46 @@ CacheWriter::~CacheWriter() {
 }
 
 namespace {
+
+// What is wrong with a packet's per-head kept tokens (section 6.3), "" when nothing is: the sizes,
+// each head's used slots at increasing positions inside the packet, and no slot position above
+// the packet's `positions` entry for it (which readers without per-head masks rely on).
+std::string ragged_problem(const Packet& packet, int64_t layers, int64_t heads) {
+    const int64_t slots = packet.stored_length();
+    const auto planes = static_cast<std::size_t>(layers * heads);
+    if (packet.head_lengths.size() != planes)
+        return "head_lengths has " + std::to_string(packet.head_lengths.size()) +
+               " entries, expected " + std::to_string(planes) + " (layers x kv-heads)";
+    if (packet.head_positions.size() != planes * static_cast<std::size_t>(slots))
+        return "head_positions has " + std::to_string(packet.head_positions.size()) +
+               " entries, expected " + std::to_string(planes * static_cast<std::size_t>(slots)) +
+               " (layers x kv-heads x stored_length)";
+    for (std::size_t plane = 0; plane < planes; ++plane) {
+        const int64_t used = packet.head_lengths[plane];
+        const std::string where =
+            "layer " + std::to_string(plane / static_cast<std::size_t>(heads)) + ", kv-head " +
+            std::to_string(plane % static_cast<std::size_t>(heads));
+        if (used < 0 || used > slots)
+            return "head_lengths of " + where + " is " + std::to_string(used) +
+                   ", outside [0, stored_length " + std::to_string(slots) + "]";
+        const int64_t* positions =
+            packet.head_positions.data() + plane * static_cast<std::size_t>(slots);
+        for (int64_t slot = 0; slot < used; ++slot) {
+            const int64_t position = positions[slot];
+            if (position < 0 || position >= packet.logical_length)
+                return "head position " + std::to_string(position) + " of " + where +
+                       " is outside [0, logical_length " + std::to_string(packet.logical_length) +
+                       ")";
+            if (slot > 0 && position <= positions[slot - 1])
+                return "head positions of " + where + " do not increase";
+            if (position > packet.positions[static_cast<std::size_t>(slot)])
+                return "head position " + std::to_string(position) + " of " + where +
+                       " exceeds the slot's position " +
+                       std::to_string(packet.positions[static_cast<std::size_t>(slot)]);
+        }
+    }
+    return "";
+}
 
 // The sizes of an index must match its packet before anything is written.
 void check_index(const PacketIndex& index, const CacheModelInfo& m, int64_t stored,
@@ -971,6 +1031,14 @@ void CacheWriter::add(const Packet& packet) {
                               cache_dtype_name(m.dtype) + ")");
 
     if (!packet.index.empty()) check_index(packet.index, m, stored, what);
+    if (packet.ragged()) {
+        const std::string problem = ragged_problem(packet, m.num_layers, m.num_kv_heads);
+        if (!problem.empty()) throw FormatError(what + ": " + problem);
+        if (packet.padded() && !packet.index.empty())
+            throw FormatError(what + ": an index over heads of unequal lengths is not defined");
+    } else if (!packet.head_positions.empty()) {
+        throw FormatError(what + ": head_positions without head_lengths");
+    }
 
     const Lock lock = lock_hdf5();
     const FileWriter out(s.source);
@@ -1001,6 +1069,17 @@ void CacheWriter::add(const Packet& packet) {
                       s.options, true, packet.keys.data(), dtype_attribute);
     out.write_dataset(group.get(), "values", s.key_type.get(), s.key_type.get(), dims, chunk,
                       s.options, true, packet.values.data(), dtype_attribute);
+    if (packet.ragged()) {
+        const hsize_t layers = static_cast<hsize_t>(m.num_layers),
+                      heads = static_cast<hsize_t>(m.num_kv_heads);
+        out.write_dataset(group.get(), "head_lengths", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                          {layers, heads}, {}, s.options, false, packet.head_lengths.data());
+        out.write_dataset(group.get(), "head_positions", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                          {layers, heads, length},
+                          {1, 1, std::max<hsize_t>(1, std::min<hsize_t>(length, max_1d_chunk))},
+                          s.options, true, packet.head_positions.data());
+        s.has_ragged = true;
+    }
     if (!packet.index.empty()) {
         write_index(out, group.get(), packet.index, m, stored, s.options);
         s.has_index = true;
@@ -1046,12 +1125,15 @@ void CacheWriter::finish() {
         out.write_string_dataset(index.get(), "adapter_fingerprint", adapters, s.options);
         index.reset();
 
-        if (s.has_index) {
+        const int minor = s.has_ragged ? ragged_minor : s.has_index ? index_minor : 0;
+        if (minor > 0) {
             if (H5Adelete(s.file.get(), "format_version") < 0)
                 out.fail_hdf5("cannot update the format version");
             out.write_string(s.file.get(), "format_version",
-                             std::to_string(format_major) + "." + std::to_string(format_minor));
+                             std::to_string(format_major) + "." + std::to_string(minor));
         }
+        if (s.has_ragged)
+            out.write_string_list(s.file.get(), "required_features", {ragged_feature});
         // Last, so that a file that has it is whole (readers refuse one without it).
         out.write_integer(s.file.get(), "complete", 1);
         s.packets.reset();
@@ -1120,9 +1202,10 @@ struct CacheReader::State {
     Provenance provenance;
     std::vector<PacketInfo> packets;
     std::unordered_map<std::string, std::size_t> by_id;
-    std::vector<char> image;  // standard input, which the file image views in place
-    RawSource raw;            // the file's bytes, for checks HDF5 does not make
-    bool raw_checks = false;  // heap ids can be checked (no user block before the superblock)
+    std::vector<char> image;       // standard input, which the file image views in place
+    RawSource raw;                 // the file's bytes, for checks HDF5 does not make
+    bool raw_checks = false;       // heap ids can be checked (no user block before the superblock)
+    bool ragged_declared = false;  // required_features lists ragged-heads
     Handle file;
     Handle f16_type;
 
@@ -1192,8 +1275,10 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
                 std::to_string(format_major) + ".x, up to " + std::to_string(format_major) + "." +
                 std::to_string(format_minor) + ")");
     std::vector<std::string> unknown;
-    for (const std::string& feature : in.string_list_attribute(root, "required_features", "/"))
+    for (const std::string& feature : in.string_list_attribute(root, "required_features", "/")) {
         if (!known_features.count(feature)) unknown.push_back(kv::quoted(feature));
+        if (feature == ragged_feature) s.ragged_declared = true;
+    }
     if (!unknown.empty()) {
         std::string list;
         for (const std::string& name : unknown)
@@ -1529,7 +1614,25 @@ Packet CacheReader::read(const std::string& id) const {
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));
     }
+    if (H5Lexists(g, "head_lengths", H5P_DEFAULT) > 0 ||
+        H5Lexists(g, "head_positions", H5P_DEFAULT) > 0) {
+        if (!s.ragged_declared)
+            in.fail(
+                "has per-head kept tokens (head_lengths) but the file does not list the "
+                "feature " +
+                kv::quoted(ragged_feature));
+        const auto layers = static_cast<hsize_t>(m.num_layers),
+                   heads = static_cast<hsize_t>(m.num_kv_heads);
+        packet.head_lengths = in.numeric_dataset<int64_t>(g, "head_lengths", "head_lengths",
+                                                          {layers, heads}, H5T_NATIVE_INT64);
+        packet.head_positions = in.numeric_dataset<int64_t>(
+            g, "head_positions", "head_positions", {layers, heads, length}, H5T_NATIVE_INT64);
+        const std::string problem = ragged_problem(packet, m.num_layers, m.num_kv_heads);
+        if (!problem.empty()) in.fail(problem);
+    }
     packet.index = read_index(in, g, m, info.stored_length);
+    if (packet.padded() && !packet.index.empty())
+        in.fail("has an index over heads of unequal lengths, which is not defined");
     return packet;
 }
 
@@ -1537,6 +1640,16 @@ bool CacheReader::has_index(const std::string& id) const {
     const State& s = *state_;
     packet_info(id);
     const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/index";
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+bool CacheReader::has_head_positions(const std::string& id) const {
+    const State& s = *state_;
+    packet_info(id);
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/head_lengths";
     const Lock lock = lock_hdf5();
     const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
     if (exists < 0) H5Eclear2(H5E_DEFAULT);
@@ -1614,6 +1727,13 @@ CacheFileLock::CacheFileLock(const std::filesystem::path& path) {
 
 CacheFileLock::~CacheFileLock() {
     if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+bool Packet::padded() const {
+    const int64_t slots = stored_length();
+    for (int64_t used : head_lengths)
+        if (used != slots) return true;
+    return false;
 }
 
 CacheSelection parse_cache_selection(const std::string& spec) {

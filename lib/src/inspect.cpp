@@ -77,6 +77,10 @@ json::Value provenance_json(const Provenance& provenance) {
     return object;
 }
 
+std::vector<int64_t> shape_without_dim(const CacheModelInfo& model, int64_t slots) {
+    return {model.num_layers, model.num_kv_heads, slots};
+}
+
 int64_t tensor_bytes(const CacheModelInfo& model, const PacketInfo& info) {
     return 2 * model.num_layers * model.num_kv_heads * info.stored_length * model.head_dim *
            static_cast<int64_t>(cache_dtype_size(model.dtype));
@@ -363,6 +367,10 @@ DiffReport diff_cache_files(const std::filesystem::path& a, const std::filesyste
                                                        i, pa.token_ids[i], pb.token_ids[i]));
                     break;
                 }
+            if (pa.head_lengths != pb.head_lengths || pa.head_positions != pb.head_positions)
+                result.mismatches.push_back(pa.ragged() == pb.ragged()
+                                                ? "per-head kept tokens differ"
+                                                : "one keeps tokens per head, the other does not");
             for (std::size_t i = 0; i < pa.positions.size(); ++i)
                 if (pa.positions[i] != pb.positions[i]) {
                     result.mismatches.push_back(
@@ -491,6 +499,12 @@ void export_safetensors(const std::filesystem::path& input, const std::filesyste
         add(info.id + ".values", dtype, shape, bytes);
         add(info.id + ".token_ids", "I32", {s}, 4 * s);
         add(info.id + ".positions", "I64", {s}, 8 * s);
+        if (reader.has_head_positions(info.id)) {
+            const int64_t planes = model.num_layers * model.num_kv_heads;
+            add(info.id + ".head_lengths", "I64", {model.num_layers, model.num_kv_heads},
+                8 * planes);
+            add(info.id + ".head_positions", "I64", shape_without_dim(model, s), 8 * planes * s);
+        }
     }
     std::string text = json::dump(header);
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps tensor data 8-byte aligned
@@ -507,6 +521,10 @@ void export_safetensors(const std::filesystem::path& input, const std::filesyste
         out.write(packet.values.data(), packet.values.size());
         out.write(packet.token_ids.data(), packet.token_ids.size() * sizeof(int32_t));
         out.write(packet.positions.data(), packet.positions.size() * sizeof(int64_t));
+        if (packet.ragged()) {
+            out.write(packet.head_lengths.data(), packet.head_lengths.size() * sizeof(int64_t));
+            out.write(packet.head_positions.data(), packet.head_positions.size() * sizeof(int64_t));
+        }
     }
     out.commit();
 }

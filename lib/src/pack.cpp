@@ -21,7 +21,7 @@ PacketIndex pack_indexes(const std::vector<Packet>& packets, const CacheModelInf
     const PacketIndex& first = packets.front().index;
     for (const Packet& packet : packets) {
         const PacketIndex& index = packet.index;
-        if (index.empty() || index.projection != first.projection ||
+        if (index.empty() || packet.padded() || index.projection != first.projection ||
             index.page_size != first.page_size || index.promotion_first != first.promotion_first ||
             index.promotion_rest != first.promotion_rest)
             return {};
@@ -86,32 +86,72 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
         }
         total_stored += packet.stored_length();
     }
-    const std::size_t total_bytes = planes * static_cast<std::size_t>(total_stored) * row_bytes;
-    out.keys.resize(total_bytes);
-    out.values.resize(total_bytes);
+    // Slots each (layer, kv head) uses, per part: all of them unless the part keeps tokens per
+    // head (formats/kvcache.md 6.3). The context's heads then hold their parts' used slots one
+    // after another, and its slot count is the largest total.
+    const bool ragged = std::any_of(packets.begin(), packets.end(),
+                                    [](const Packet& packet) { return packet.ragged(); });
+    std::vector<int64_t> used_total(planes, 0);
+    for (const Packet& packet : packets)
+        for (std::size_t plane = 0; plane < planes; ++plane)
+            used_total[plane] +=
+                packet.ragged() ? packet.head_lengths.at(plane) : packet.stored_length();
+    const int64_t slots =
+        ragged ? *std::max_element(used_total.begin(), used_total.end()) : total_stored;
+    const std::size_t total_bytes = planes * static_cast<std::size_t>(slots) * row_bytes;
+    out.keys.assign(total_bytes, std::byte{0});
+    out.values.assign(total_bytes, std::byte{0});
+    if (ragged) {
+        out.head_lengths = used_total;
+        out.head_positions.assign(planes * static_cast<std::size_t>(slots), 0);
+        out.positions.assign(static_cast<std::size_t>(slots), 0);
+        out.token_ids.assign(static_cast<std::size_t>(slots), -1);
+    }
 
     Sha256 parts_hash;
     parts_hash.update("kvpack-v1\n");
-    int64_t offset = 0, stored_offset = 0;
+    int64_t offset = 0;
+    std::vector<int64_t> filled(planes, 0);
     for (const Packet& packet : packets) {
         const std::size_t rows = static_cast<std::size_t>(packet.stored_length());
         std::vector<std::byte> keys = packet.keys;
         rotate_keys(keys.data(), model.dtype, planes * rows, rope, offset);
         // [L, H, S, D] per packet into [L, H, S_total, D]: one copy per (layer, kv head).
         for (std::size_t plane = 0; plane < planes; ++plane) {
+            const std::size_t used =
+                packet.ragged() ? static_cast<std::size_t>(packet.head_lengths[plane]) : rows;
             const std::size_t from = plane * rows * row_bytes;
-            const std::size_t to = (plane * static_cast<std::size_t>(total_stored) +
-                                    static_cast<std::size_t>(stored_offset)) *
-                                   row_bytes;
-            std::memcpy(out.keys.data() + to, keys.data() + from, rows * row_bytes);
-            std::memcpy(out.values.data() + to, packet.values.data() + from, rows * row_bytes);
+            const std::size_t first = static_cast<std::size_t>(filled[plane]);
+            const std::size_t to = (plane * static_cast<std::size_t>(slots) + first) * row_bytes;
+            std::memcpy(out.keys.data() + to, keys.data() + from, used * row_bytes);
+            std::memcpy(out.values.data() + to, packet.values.data() + from, used * row_bytes);
+            if (ragged) {
+                int64_t* positions =
+                    out.head_positions.data() + plane * static_cast<std::size_t>(slots) + first;
+                for (std::size_t slot = 0; slot < used; ++slot) {
+                    positions[slot] =
+                        offset + (packet.ragged() ? packet.head_positions[plane * rows + slot]
+                                                  : packet.positions[slot]);
+                    // Each context slot at the largest position a head uses it for, with the
+                    // token of the part's slot that holds it (exactly that position's token
+                    // unless a part had padding).
+                    const std::size_t at = first + slot;
+                    if (positions[slot] >= out.positions[at]) {
+                        out.positions[at] = positions[slot];
+                        out.token_ids[at] = packet.token_ids[slot];
+                    }
+                }
+            }
+            filled[plane] += static_cast<int64_t>(used);
         }
-        out.token_ids.insert(out.token_ids.end(), packet.token_ids.begin(), packet.token_ids.end());
-        for (int64_t position : packet.positions)
-            out.positions.push_back(position + offset);
+        if (!ragged) {
+            out.token_ids.insert(out.token_ids.end(), packet.token_ids.begin(),
+                                 packet.token_ids.end());
+            for (int64_t position : packet.positions)
+                out.positions.push_back(position + offset);
+        }
         parts_hash.update(packet.text_sha256 + "\n");
         offset += packet.logical_length;
-        stored_offset += packet.stored_length();
     }
     out.logical_length = offset;
     out.text_sha256 = parts_hash.hex();

@@ -199,6 +199,29 @@ def add_index(f, ordinal=0, method="mdci", page_sizes=None):
     index.create_dataset("page_tokens", data=tokens)
 
 
+def add_ragged(f, ordinal, lengths, head_positions, declare=True):
+    """Per-head kept tokens (formats/kvcache.md, 6.3) for packet `ordinal`: lengths [L][H],
+    head_positions [L][H][used]; padding slots get 0."""
+    group = f["packets/%08d" % ordinal]
+    slots = int(group.attrs["stored_length"])
+    table = np.zeros((LAYERS, HEADS, slots), dtype="<i8")
+    for layer in range(LAYERS):
+        for head in range(HEADS):
+            used = head_positions[layer][head]
+            table[layer, head, :len(used)] = used
+    group.create_dataset("head_lengths", data=np.array(lengths, dtype="<i8"))
+    group.create_dataset("head_positions", data=table, chunks=(1, 1, slots), fletcher32=True)
+    if declare:
+        f.attrs.create("required_features", ["ragged-heads"], dtype=h5py.string_dtype())
+
+
+# A packet of 10 tokens compressed per head to at most 4 slots; layer 1, kv-head 1 keeps only 3
+# (its fourth slot is padding). positions[s] is the largest position any head uses slot s for.
+RAGGED_LENGTHS = [[4, 4], [4, 3]]
+RAGGED_POSITIONS = [[[0, 2, 5, 9], [1, 2, 6, 8]], [[0, 3, 4, 7], [0, 1, 2]]]
+RAGGED_SLOT_POSITIONS = [1, 3, 6, 9]
+
+
 def flip_byte_in_chunk(path, dataset_path, at=None):
     """Flips one byte of the first stored chunk of a dataset, where h5py says it lies: in the
     middle (by default), so that its Fletcher32 checksum no longer matches, or at `at`."""
@@ -292,6 +315,14 @@ def main():
          [packet("indexed", 18, 11), packet("other", 3, 12)], root={"format_version": "1.1"},
          hook=lambda f: (add_index(f, 0), add_index(f, 1, method="x-future")))
 
+    good("0012_ragged_heads",
+         "format_version 1.2 with feature ragged-heads: a packet keeping 4 of 10 tokens per "
+         "(layer, kv-head), different ones in each head, one head with a padding slot",
+         [packet("ragged", 4, 13, logical=10, positions=RAGGED_SLOT_POSITIONS),
+          packet("plain", 3, 14)],
+         root={"format_version": "1.2"},
+         hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, RAGGED_POSITIONS))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -308,13 +339,13 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.1)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.2)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
-           "required_features = ['ragged-heads', 'quantized-keys']: neither is implemented",
-           "*: requires features 'ragged-heads', 'quantized-keys', which this reader does not "
-           "implement",
-           hook=lambda f: f.attrs.create("required_features", ["ragged-heads", "quantized-keys"],
+           "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
+           "*: requires feature 'x-teleported-keys', which this reader does not implement",
+           hook=lambda f: f.attrs.create("required_features",
+                                         ["ragged-heads", "x-teleported-keys"],
                                          dtype=h5py.string_dtype()))
     broken("0006_missing_required_attribute", "/model lacks num_kv_heads",
            "*: missing required attribute 'num_kv_heads' of '/model'",
@@ -390,6 +421,27 @@ def main():
            "*: packet 'indexed': index: pages do not hold the segment's tokens",
            packets=[packet("indexed", 18, 11)], root={"format_version": "1.1"},
            hook=lambda f: add_index(f, 0, page_sizes=[16, 1]))
+
+    ragged_packets = [packet("ragged", 4, 13, logical=10, positions=RAGGED_SLOT_POSITIONS)]
+    broken("0022_ragged_without_feature",
+           "head_lengths and head_positions in a file that does not list 'ragged-heads'",
+           "*: packet 'ragged': has per-head kept tokens (head_lengths) but the file does not "
+           "list the feature 'ragged-heads'",
+           packets=ragged_packets, root={"format_version": "1.2"},
+           hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, RAGGED_POSITIONS, declare=False))
+    unordered = [[[0, 2, 5, 9], [1, 2, 6, 8]], [[0, 3, 2, 7], [0, 1, 2]]]
+    broken("0023_ragged_positions_not_increasing",
+           "layer 1, kv-head 0 lists positions 0, 3, 2, 7",
+           "*: packet 'ragged': head positions of layer 1, kv-head 0 do not increase",
+           packets=ragged_packets, root={"format_version": "1.2"},
+           hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, unordered))
+    above = [[[0, 2, 5, 9], [1, 2, 6, 8]], [[0, 3, 4, 7], [0, 5, 6]]]
+    broken("0024_ragged_position_above_slot",
+           "layer 1, kv-head 1 keeps position 5 in slot 1, whose slot position is 3",
+           "*: packet 'ragged': head position 5 of layer 1, kv-head 1 exceeds the slot's "
+           "position 3",
+           packets=ragged_packets, root={"format_version": "1.2"},
+           hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, above))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

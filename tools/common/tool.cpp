@@ -77,6 +77,45 @@ void add_compute_options(CLI::App& app, ComputeOptions& options) {
         "slower decode)");
 }
 
+void add_compression_options(CLI::App& app, CompressionSettings& settings) {
+    const std::string group = "Compression";
+    app.add_option("--ratio", settings.ratio,
+                   "Fraction of each head's tokens pruned, in [0, 1) (kvpress's compression_ratio)")
+        ->group(group);
+    app.add_option("--keep-tokens", settings.keep_tokens,
+                   "Tokens each head keeps, instead of --ratio")
+        ->group(group);
+    app.add_flag("--keep-adapters", settings.keep_adapters,
+                 "Never prune a packet's header and trailer adapter tokens")
+        ->group(group);
+    app.add_option("--seed", settings.seed, "Seed of random's scores and leverage's sketch")
+        ->default_val(0)
+        ->group(group);
+    app.add_option("--sinks", settings.sinks, "streaming, expected, cur: first tokens always kept")
+        ->default_val(4)
+        ->group(group);
+    app.add_option("--window-size", settings.window_size,
+                   "snapkv: last queries whose attention scores the others")
+        ->default_val(64)
+        ->group(group);
+    app.add_option("--kernel-size", settings.kernel_size,
+                   "snapkv: width of the average pooling of its scores (odd)")
+        ->default_val(5)
+        ->group(group);
+    app.add_option("--future-positions", settings.future_positions,
+                   "expected: positions its query statistics are rotated over")
+        ->default_val(512)
+        ->group(group);
+    app.add_option("--sketch-dimension", settings.sketch_dimension,
+                   "leverage: width of the Gaussian sketch of the keys")
+        ->default_val(48)
+        ->group(group);
+    app.add_option("--local-window", settings.local_window,
+                   "cur: norms are normalised inside windows of this many tokens")
+        ->default_val(16)
+        ->group(group);
+}
+
 void add_verbosity_options(CLI::App& app, Verbosity& options) {
     app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
     app.add_flag("-v,--verbose", options.verbose, "More chatter on stderr");

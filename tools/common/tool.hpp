@@ -12,6 +12,7 @@
 
 #include <string>
 #include "kv/cache_file.hpp"
+#include "kv/compress.hpp"
 
 namespace kv::json {
 class Value;
@@ -46,6 +47,11 @@ void add_compute_options(CLI::App& app, ComputeOptions& options);
 void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report);
 /// Prints a --json report: on stdout, or on stderr when stdout carries the cache (`output` "-").
 void write_report(const json::Value& report, const std::string& output);
+/// How much compression prunes and its rules' parameters (kvinspect compress, kvbake
+/// --compress): --ratio, --keep-tokens, --keep-adapters, --seed, --sinks, --window-size,
+/// --kernel-size, --future-positions, --sketch-dimension, --local-window. The method option is
+/// the tool's own.
+void add_compression_options(CLI::App& app, CompressionSettings& settings);
 /// -q/--quiet, -v/--verbose.
 void add_verbosity_options(CLI::App& app, Verbosity& options);
 

@@ -13,8 +13,10 @@ int main(int argc, char** argv) {
     kv::cli::ComputeOptions compute;
     kv::cli::Verbosity verbosity;
     kv::BakeOptions options;
-    std::string output = "-", shard;
+    std::string output = "-", shard, compress_method;
     bool no_bos = false, json_report = false;
+    kv::CompressionSettings compression;
+    CLI::App* command = nullptr;
 
     auto configure = [&](CLI::App& app) {
         kv::cli::add_model_options(app, model);
@@ -43,9 +45,15 @@ int main(int argc, char** argv) {
                      "Cut documents longer than the model's context instead of refusing them");
         app.add_flag("--append", options.append,
                      "Add the packets to the store given by -o (created when absent), locking it");
+        app.add_option("--compress", compress_method,
+                       "Compress each packet as it is baked with this scoring rule (" +
+                           kv::compression_method_names() + "), as kvinspect compress does")
+            ->group("Compression");
+        kv::cli::add_compression_options(app, compression);
         kv::cli::add_cache_output_options(app, options.write, json_report);
         kv::cli::add_compute_options(app, compute);
         kv::cli::add_verbosity_options(app, verbosity);
+        command = &app;
     };
 
     auto body = [&] {
@@ -69,6 +77,14 @@ int main(int argc, char** argv) {
                 throw kv::UsageError("invalid --shard '" + shard + "' (expected I/N, e.g. 0/4)");
             }
         }
+        if (!compress_method.empty()) {
+            compression.method = kv::parse_compression_method(compress_method);
+            options.compress = compression;
+        } else {
+            for (const char* name : {"--ratio", "--keep-tokens", "--keep-adapters"})
+                if (command->count(name))
+                    throw kv::UsageError(std::string(name) + " needs --compress METHOD");
+        }
         options.provenance = kv::cli::provenance("kvbake", argc, argv);
         const bool live = !verbosity.quiet && ::isatty(STDERR_FILENO);
         if (live || verbosity.verbose)
@@ -91,6 +107,10 @@ int main(int argc, char** argv) {
             value.set("seconds", report.seconds);
             value.set("tokens_per_second", report.tokens_per_second);
             value.set("truncated", report.truncated);
+            if (options.compress) {
+                value.set("compress", kv::compression_method_name(options.compress->method));
+                value.set("stored_tokens", report.stored_tokens);
+            }
             kv::json::Value skipped = kv::json::Value::array();
             for (const std::string& problem : report.skipped)
                 skipped.push_back(problem);
@@ -102,6 +122,10 @@ int main(int argc, char** argv) {
             if (options.append)
                 extra += ", appended to " + std::to_string(report.kept_documents) + " kept";
             if (report.truncated) extra += ", " + std::to_string(report.truncated) + " truncated";
+            if (options.compress)
+                extra += ", compressed by " +
+                         std::string(kv::compression_method_name(options.compress->method)) +
+                         " to " + std::to_string(report.stored_tokens) + " tokens per head";
             if (!report.skipped.empty())
                 extra += ", " + std::to_string(report.skipped.size()) + " skipped";
             std::fprintf(

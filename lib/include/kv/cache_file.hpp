@@ -75,8 +75,18 @@ struct Packet {
     std::vector<std::byte> values;
     /// IceCache's index of the keys (kvindex), empty when the packet has none.
     PacketIndex index;
+    /// Per-(layer, kv-head) kept tokens of a compressed packet (formats/kvcache.md 6.3), both
+    /// empty when every head stores the tokens of `positions`. head_lengths [num_layers *
+    /// num_kv_heads]: slots in use, the first ones; head_positions [num_layers * num_kv_heads *
+    /// stored_length]: the position of each used slot (unused ones 0). `positions` then holds,
+    /// per slot, the largest position any head stores there, and `token_ids` that token.
+    std::vector<int64_t> head_lengths;
+    std::vector<int64_t> head_positions;
 
     int64_t stored_length() const { return static_cast<int64_t>(token_ids.size()); }
+    bool ragged() const { return !head_lengths.empty(); }
+    /// Some head uses fewer slots than stored_length (its last slots are padding).
+    bool padded() const;
 };
 
 /// Summary of a packet without its tensors.
@@ -145,6 +155,8 @@ class CacheReader {
     Packet read(const std::string& id) const;
     /// Whether the packet carries an IceCache index (section 6.5), without reading it.
     bool has_index(const std::string& id) const;
+    /// Whether the packet keeps different tokens per head (section 6.3), without reading it.
+    bool has_head_positions(const std::string& id) const;
 
   private:
     struct State;

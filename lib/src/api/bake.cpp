@@ -2,6 +2,7 @@
 
 #include "kv/documents.hpp"
 #include "kv/error.hpp"
+#include "kv/model/compress.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sha256.hpp"
@@ -23,15 +24,22 @@ struct Tokenized {
 
 // Bakes `batch` (documents whose tokens add up to at most batch_tokens, or one longer document)
 // and hands each packet to the writer, in input order.
-void bake_batch(const Model& model, const std::vector<Tokenized>& batch, CacheDtype dtype,
-                int64_t chunk, CacheWriter& writer) {
+void bake_batch(const Model& model, const std::vector<Tokenized>& batch,
+                const CacheModelInfo& cache_info, int64_t chunk,
+                const CompressionSettings* compress, CacheWriter& writer, int64_t& stored_tokens) {
     torch::NoGradGuard no_grad;
     int64_t total = 0;
     for (const Tokenized& item : batch)
         total += static_cast<int64_t>(item.ids.size());
     KvCache cache = model.new_cache(total);
+    std::unique_ptr<QueryRecorder> recorder;
+    if (compress && compression_needs_queries(compress->method)) {
+        if (batch.size() != 1)
+            throw Error("bake: query-aware compression bakes one document at a time");
+        recorder = std::make_unique<QueryRecorder>(*compress, model.rope(), cache_info.num_layers);
+    }
     if (batch.size() == 1) {
-        model.prefill(batch.front().ids, cache, chunk);
+        model.prefill(batch.front().ids, cache, chunk, nullptr, recorder.get());
     } else {
         std::vector<int32_t> ids;
         std::vector<int64_t> positions;
@@ -58,7 +66,10 @@ void bake_batch(const Model& model, const std::vector<Tokenized>& batch, CacheDt
         for (int64_t i = 0; i < count; ++i)
             packet.positions[i] = i;
         packet.logical_length = count;
-        copy_cache_to_packet(cache, begin, count, dtype, packet);
+        copy_cache_to_packet(cache, begin, count, cache_info.dtype, packet);
+        if (compress)
+            packet = compress_packet(packet, cache_info, model.rope(), *compress, recorder.get());
+        stored_tokens += packet.stored_length();
         writer.add(packet);
         begin += count;
     }
@@ -74,6 +85,9 @@ BakeReport bake(const BakeOptions& options) {
     if (options.batch_tokens < 1) throw UsageError("batch tokens must be positive");
     if (options.inputs.empty()) throw UsageError("no input documents");
     set_compute_threads(options.threads);
+    if (options.compress) validate_compression_settings(*options.compress);
+    const bool one_per_batch =
+        options.compress && compression_needs_queries(options.compress->method);
 
     if (options.append && options.output == "-")
         throw UsageError("--append needs an output file (-o FILE), not standard output");
@@ -157,7 +171,8 @@ BakeReport bake(const BakeOptions& options) {
     int64_t batch_size = 0;
     auto flush = [&] {
         if (batch.empty()) return;
-        bake_batch(model, batch, runtime.cache_info.dtype, options.batch_tokens, writer);
+        bake_batch(model, batch, runtime.cache_info, options.batch_tokens,
+                   options.compress ? &*options.compress : nullptr, writer, report.stored_tokens);
         progress.documents_done += static_cast<int64_t>(batch.size());
         progress.tokens_done += batch_size;
         progress.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -167,7 +182,7 @@ BakeReport bake(const BakeOptions& options) {
     };
     for (Tokenized& item : tokenized) {
         const int64_t size = static_cast<int64_t>(item.ids.size());
-        if (batch_size + size > options.batch_tokens) flush();
+        if (batch_size + size > options.batch_tokens || one_per_batch) flush();
         batch_size += size;
         batch.push_back(std::move(item));
     }

@@ -82,6 +82,11 @@ IndexReport index_cache_file(const IndexOptions& options) {
         if (options.keep_existing && !packet.index.empty()) {
             ++report.kept;
         } else if (packet.stored_length() > 0) {
+            if (packet.padded())
+                throw UnsupportedError(reader.source() + ": packet " + kv::quoted(info.id) +
+                                       " keeps different numbers of tokens per head; an IceCache "
+                                       "index over such heads is not defined (formats/kvcache.md "
+                                       "6.3)");
             const auto began = std::chrono::steady_clock::now();
             packet.index =
                 build_packet_index(packet, model, options, projection, threads, &report.max_levels);

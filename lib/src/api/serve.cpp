@@ -104,6 +104,15 @@ ServeStats serve_once(const ServeOptions& options,
                                     std::to_string(cache.next_position() + packet.logical_length) +
                                     " tokens with packet " + kv::quoted(packet.id) +
                                     ", the model's context is " + std::to_string(context));
+            if (packet.padded() && sparse)
+                throw UnsupportedError(
+                    "packet " + kv::quoted(packet.id) +
+                    " keeps different numbers of tokens per head; sparse attention (--attention " +
+                    options.attention + ") does not handle that yet: use --attention full");
+            if (packet.ragged() && model.config().sliding_window > 0)
+                throw UnsupportedError("packet " + kv::quoted(packet.id) +
+                                       " keeps different tokens per head, which a sliding-window "
+                                       "model cannot decode exactly yet");
             cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
             if (sparse)
                 sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);

@@ -29,6 +29,13 @@ void KvCache::reserve(int64_t capacity) {
         }
         keys_[layer] = keys;
         values_[layer] = values;
+        if (!valid_.empty()) {
+            torch::Tensor valid = torch::ones(
+                {kv_heads_, capacity}, torch::TensorOptions().dtype(torch::kBool).device(device_));
+            if (visible() > 0)
+                valid.narrow(1, 0, visible()).copy_(valid_[layer].narrow(1, 0, visible()));
+            valid_[layer] = valid;
+        }
     }
     torch::Tensor positions =
         torch::empty({capacity}, torch::TensorOptions().dtype(torch::kInt64).device(device_));
@@ -51,6 +58,13 @@ void KvCache::write(int64_t layer, const torch::Tensor& keys, const torch::Tenso
                     std::to_string(pending_) + " pending");
     keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_).copy_(keys);
     values_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_).copy_(values);
+    if (!valid_.empty())
+        valid_[static_cast<std::size_t>(layer)].narrow(1, length_, pending_).fill_(true);
+}
+
+torch::Tensor KvCache::key_valid(int64_t layer) const {
+    if (valid_.empty()) return {};
+    return valid_.at(static_cast<std::size_t>(layer)).narrow(1, 0, visible());
 }
 
 void KvCache::commit() {
@@ -84,7 +98,8 @@ torch::Tensor KvCache::positions() const {
 
 void KvCache::append(const std::vector<torch::Tensor>& keys_per_layer,
                      const std::vector<torch::Tensor>& values_per_layer,
-                     const torch::Tensor& positions) {
+                     const torch::Tensor& positions,
+                     const std::vector<torch::Tensor>& used_per_layer) {
     if (keys_per_layer.size() != keys_.size() || values_per_layer.size() != keys_.size())
         throw MismatchError("kv cache: appended tokens cover " +
                             std::to_string(keys_per_layer.size()) + " layers, the cache has " +
@@ -94,6 +109,22 @@ void KvCache::append(const std::vector<torch::Tensor>& keys_per_layer,
         for (std::size_t layer = 0; layer < keys_.size(); ++layer)
             write(static_cast<int64_t>(layer), keys_per_layer[layer].to(device_, dtype_),
                   values_per_layer[layer].to(device_, dtype_));
+        if (!used_per_layer.empty()) {
+            const int64_t count = positions.numel();
+            if (valid_.empty()) {
+                // From now on every layer tracks its padding slots; those stored so far are real.
+                for (std::size_t layer = 0; layer < keys_.size(); ++layer)
+                    valid_.push_back(
+                        torch::ones({kv_heads_, capacity_},
+                                    torch::TensorOptions().dtype(torch::kBool).device(device_)));
+            }
+            const torch::Tensor slots = torch::arange(count, torch::kInt64).view({1, count});
+            for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
+                const torch::Tensor used =
+                    used_per_layer.at(layer).to(torch::kCPU, torch::kInt64).view({kv_heads_, 1});
+                valid_[layer].narrow(1, length_, count).copy_(slots < used);
+            }
+        }
     } catch (...) {
         rollback();
         throw;

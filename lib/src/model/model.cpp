@@ -269,8 +269,8 @@ torch::Tensor Model::check_embeddings(const torch::Tensor& embeddings) const {
 }
 
 torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
-                             KvCache& cache, const torch::Tensor& allow,
-                             SparseAttention* sparse) const {
+                             KvCache& cache, const torch::Tensor& allow, SparseAttention* sparse,
+                             QueryObserver* observer) const {
     torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
     cache.begin_append(positions_here);
@@ -280,8 +280,11 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
             const int64_t index = static_cast<int64_t>(i);
             const Projected projected = project(layer, x, positions_here);
             cache.write(index, projected.keys, projected.values);
-            const AttentionMask mask{positions_here, cache.positions(), config_.sliding_window,
-                                     allow};
+            if (observer)
+                observer->observe(index, projected.queries, positions_here, cache.keys(index),
+                                  cache.positions());
+            AttentionMask mask{positions_here, cache.positions(), config_.sliding_window, allow,
+                               cache.key_valid(index)};
             std::vector<std::vector<int64_t>> rows;
             if (sparse && x.size(0) == 1 && !allow.defined() &&
                 sparse->select(index, projected.queries, cache.keys(index), rows)) {
@@ -311,7 +314,7 @@ torch::Tensor Model::forward_sequence(
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
     if (positions_here.dim() != 1 || positions_here.size(0) != x.size(0))
         throw Error("forward_sequence: positions must be [tokens]");
-    const AttentionMask mask{positions_here, positions_here, config_.sliding_window, allow};
+    const AttentionMask mask{positions_here, positions_here, config_.sliding_window, allow, {}};
     if (keys_values) keys_values->clear();
     for (const Layer& layer : layers_) {
         const Projected projected = project(layer, x, positions_here);
@@ -328,7 +331,7 @@ torch::Tensor Model::logits(const torch::Tensor& hidden) const {
 }
 
 torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk,
-                             SparseAttention* sparse) const {
+                             SparseAttention* sparse, QueryObserver* observer) const {
     if (tokens.empty()) throw Error("prefill: no tokens");
     if (chunk <= 0) throw UsageError("prefill chunk must be positive");
     torch::NoGradGuard no_grad;
@@ -340,7 +343,7 @@ torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, in
             torch::arange(first_position, first_position + static_cast<int64_t>(count),
                           torch::TensorOptions().dtype(torch::kInt64));
         const torch::Tensor hidden =
-            forward(embed(tokens.subspan(begin, count)), positions, cache, {}, sparse);
+            forward(embed(tokens.subspan(begin, count)), positions, cache, {}, sparse, observer);
         last_hidden = hidden.narrow(0, hidden.size(0) - 1, 1);
     }
     return logits(last_hidden).select(0, 0).to(torch::kCPU);

@@ -127,7 +127,9 @@ namespace {
 // dtype, with the gemv row kernels, one kv head (and its query group) per task.
 bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const AttentionMask& mask) {
-    if (q.size(1) != 1 || mask.sliding_window > 0 || mask.allow.defined()) return false;
+    if (q.size(1) != 1 || mask.sliding_window > 0 || mask.allow.defined() ||
+        mask.key_valid.defined())
+        return false;
     if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
     if (k.scalar_type() != v.scalar_type()) return false;
     if (k.scalar_type() != torch::kFloat32 && k.scalar_type() != torch::kBFloat16) return false;
@@ -238,6 +240,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     if (mask.allow.defined())
         allowed =
             allowed.defined() ? allowed & mask.allow.to(q.device()) : mask.allow.to(q.device());
+    if (mask.key_valid.defined()) {
+        const torch::Tensor valid = mask.key_valid.to(q.device()).view({kv_heads, 1, 1, keys});
+        allowed = allowed.defined() ? allowed & valid : valid;
+    }
     if (allowed.defined())
         scores.masked_fill_(allowed.logical_not(), -std::numeric_limits<float>::infinity());
 

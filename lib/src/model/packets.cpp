@@ -71,6 +71,22 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
         torch::from_blob(const_cast<int64_t*>(packet.positions.data()), {tokens}, torch::kInt64) +
         delta;
 
+    // A packet that keeps different tokens per head sits in the cache by slot: each slot at the
+    // largest position any head stores there (formats/kvcache.md 6.3), which is exact for every
+    // later query; padding slots are masked per head.
+    std::vector<torch::Tensor> used_per_layer;
+    if (packet.ragged() && static_cast<int64_t>(packet.head_lengths.size()) != layers * kv_heads)
+        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
+                          std::to_string(packet.head_lengths.size()) + " head lengths for " +
+                          std::to_string(layers * kv_heads) + " (layer, kv-head) pairs");
+    if (packet.padded()) {
+        const torch::Tensor lengths =
+            torch::from_blob(const_cast<int64_t*>(packet.head_lengths.data()), {layers, kv_heads},
+                             torch::kInt64)
+                .clone();
+        for (int64_t layer = 0; layer < layers; ++layer)
+            used_per_layer.push_back(lengths[layer]);
+    }
     std::vector<torch::Tensor> keys_per_layer, values_per_layer;
     for (int64_t layer = 0; layer < layers; ++layer) {
         // Rotating in float32 then storing in the cache dtype: one rounding, as at bake time.
@@ -78,7 +94,7 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
                                             : rope.shift(keys[layer].to(torch::kFloat32), delta));
         values_per_layer.push_back(values[layer]);
     }
-    cache.append(keys_per_layer, values_per_layer, positions);
+    cache.append(keys_per_layer, values_per_layer, positions, used_per_layer);
     cache.advance_to(delta + packet.logical_length);
 }
 

@@ -1,4 +1,5 @@
-# SIGKILL at random moments during kvbake, kvindex (also in place), kvpack and kvinspect merge
+# SIGKILL at random moments during kvbake, kvindex (also in place), kvpack, kvinspect merge and
+# kvinspect compress (also in place)
 # never leaves a corrupt file under the output name and never changes the input.
 . "$KV_CLI_LIB"
 for i in $(seq 80); do
@@ -30,6 +31,13 @@ for round in 1 2 3 4 5; do
     trial 8 out.kvc kvpack -q docs.kvc -o out.kvc
     rm -f out.kvc
     trial 3 out.kvc kvinspect merge docs.kvc -o out.kvc
+    rm -f out.kvc
+    trial 10 out.kvc kvinspect compress --method knorm --ratio 0.5 docs.kvc -o out.kvc
+    rm -f out.kvc
+    trial 30 out.kvc kvinspect compress --method snapkv --ratio 0.5 -m "$demo" docs.kvc -o out.kvc
+    cp docs.kvc inplace.kvc
+    trial 10 inplace.kvc kvinspect compress --method cur --ratio 0.3 inplace.kvc -o inplace.kvc
+    [ -e inplace.kvc ] || { echo "in-place kvinspect compress lost its input"; exit 1; }
     # In place: the file under the name is always the old one or the new one, whole.
     cp docs.kvc inplace.kvc
     trial 15 inplace.kvc kvindex -q inplace.kvc -o inplace.kvc

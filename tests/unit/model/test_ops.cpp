@@ -221,8 +221,11 @@ TEST_CASE("attention with grouped-query heads matches the float64 reference", "[
     allow[2][4] = false;
 
     for (bool restricted : {false, true}) {
-        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 0,
-                           restricted ? allow : torch::Tensor()};
+        AttentionMask mask{torch::tensor(query_positions),
+                           torch::tensor(key_positions),
+                           0,
+                           restricted ? allow : torch::Tensor(),
+                           {}};
         const auto got = to_vector(attention(q, k, v, mask, 1.0 / std::sqrt(8.0)));
         std::vector<double> expected;
         for (int64_t h = 0; h < query_heads; ++h) {
@@ -246,13 +249,14 @@ TEST_CASE("attention with grouped-query heads matches the float64 reference", "[
 
     SECTION("a query that may see nothing gets zeros, not NaN") {
         torch::Tensor none = torch::zeros({tokens, keys_count}, torch::kBool);
-        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 0, none};
+        AttentionMask mask{
+            torch::tensor(query_positions), torch::tensor(key_positions), 0, none, {}};
         const torch::Tensor out = attention(q, k, v, mask, 0.35);
         CHECK(out.abs().sum().item<double>() == 0.0);
     }
 
     SECTION("a sliding window hides keys older than the window") {
-        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 2, {}};
+        AttentionMask mask{torch::tensor(query_positions), torch::tensor(key_positions), 2, {}, {}};
         const auto got = to_vector(attention(q, k, v, mask, 0.35));
         std::vector<reference::Vector> keys, values;
         for (int64_t j = 0; j < keys_count; ++j) {
@@ -308,6 +312,7 @@ TEST_CASE("one-token attention over a cache view matches the float64 reference",
             AttentionMask mask{torch::full({1}, keys_count - 1, torch::kInt64),
                                torch::arange(keys_count, torch::kInt64),
                                0,
+                               {},
                                {}};
             torch::NoGradGuard no_grad;
             const auto got = to_vector(attention(q, k, v, mask, 1.0 / std::sqrt(double(head_dim))));

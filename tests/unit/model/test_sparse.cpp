@@ -102,6 +102,7 @@ TEST_CASE("attention over chosen rows matches the float64 reference", "[sparse]"
     const AttentionMask mask{torch::tensor(std::vector<int64_t>{tokens - 1}),
                              torch::arange(tokens, torch::kInt64),
                              0,
+                             {},
                              {}};
     CHECK(torch::allclose(attention_over_rows(q, k, v, all, scale), attention(q, k, v, mask, scale),
                           1e-5, 1e-5));

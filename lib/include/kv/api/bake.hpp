@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kv/cache_file.hpp"
+#include "kv/compress.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -39,6 +40,9 @@ struct BakeOptions {
     /// Add the packets to the existing store at `output` (created when absent): the store is
     /// locked meanwhile and replaced atomically with its old packets followed by the new ones.
     bool append = false;
+    /// Compress each packet as it is baked (kvpress-style, with the prefill's own queries for
+    /// the rules that need them; such documents are prefilled one at a time).
+    std::optional<CompressionSettings> compress;
     int threads = 0;
     std::string device = "auto";
     std::string dtype = "auto";  ///< compute and storage dtype
@@ -52,6 +56,7 @@ struct BakeReport {
     int64_t documents = 0;             ///< baked by this run
     int64_t kept_documents = 0;        ///< already in the store (append)
     int64_t truncated = 0;             ///< documents cut to the context length
+    int64_t stored_tokens = 0;         ///< tokens per head kept (less than tokens when compressing)
     std::vector<std::string> skipped;  ///< one line per document skipped (keep_going)
     int64_t tokens = 0;
     double seconds = 0;  ///< tokenizing, prefilling and writing, without loading the model

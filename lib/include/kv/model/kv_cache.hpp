@@ -46,9 +46,17 @@ class KvCache {
     torch::Tensor positions() const;
 
     /// Appends whole tokens with their keys and values for every layer (e.g. from a cache file);
-    /// keys_per_layer[l] is [kv_heads, T, head_dim].
+    /// keys_per_layer[l] is [kv_heads, T, head_dim]. `used_per_layer` (optional, [kv_heads]
+    /// int64 per layer) says how many of the T slots each head uses; the rest are padding that
+    /// attention skips (a packet whose heads keep different numbers of tokens).
     void append(const std::vector<torch::Tensor>& keys_per_layer,
-                const std::vector<torch::Tensor>& values_per_layer, const torch::Tensor& positions);
+                const std::vector<torch::Tensor>& values_per_layer, const torch::Tensor& positions,
+                const std::vector<torch::Tensor>& used_per_layer = {});
+
+    /// [kv_heads, length (+ pending)] bool, false at padding slots; undefined while the cache
+    /// has none (the common case, which costs nothing).
+    torch::Tensor key_valid(int64_t layer) const;
+    bool has_padding() const { return !valid_.empty(); }
 
     void reserve(int64_t capacity);
 
@@ -64,6 +72,7 @@ class KvCache {
     torch::Device device_;
     std::vector<torch::Tensor> keys_, values_;  // [kv_heads, capacity, head_dim]
     torch::Tensor positions_;                   // [capacity] int64
+    std::vector<torch::Tensor> valid_;          // [kv_heads, capacity] bool, once padded
     int64_t capacity_ = 0;
     int64_t length_ = 0;
     int64_t pending_ = 0;

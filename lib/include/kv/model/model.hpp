@@ -25,6 +25,18 @@ namespace kv {
 
 class SparseAttention;
 
+/// Sees each layer's queries during a forward pass: kvpress-style compression scores tokens by the
+/// attention the prefill's queries give them.
+class QueryObserver {
+  public:
+    virtual ~QueryObserver() = default;
+    /// queries [Hq, T, D] after RoPE at `positions` [T]; `keys` [Hkv, S, D] every key of the
+    /// layer they may see (the cache's, theirs included) at `key_positions` [S].
+    virtual void observe(int64_t layer, const torch::Tensor& queries,
+                         const torch::Tensor& positions, const torch::Tensor& keys,
+                         const torch::Tensor& key_positions) = 0;
+};
+
 struct ModelLoadOptions {
     std::filesystem::path path;  ///< a Hugging Face folder or a llama2.c checkpoint file
     std::string dtype =
@@ -90,9 +102,11 @@ class Model {
     /// keys and values to `cache`; returns the final-normed hidden states [T, hidden].
     /// `allow` [T, S] (optional, S = cache length + T) further restricts attention.
     /// With `sparse`, a one-token step lets it choose the tokens each kv head attends to.
+    /// With `observer`, every layer's queries are shown to it (compression scores).
     torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
                           KvCache& cache, const torch::Tensor& allow = {},
-                          SparseAttention* sparse = nullptr) const;
+                          SparseAttention* sparse = nullptr,
+                          QueryObserver* observer = nullptr) const;
 
     /// The same computation as forward() over one whole sequence and no cache, built only from
     /// differentiable libtorch operations: gradients reach the embeddings (kvtrain's adapters) and
@@ -114,7 +128,8 @@ class Model {
     /// chunks of at most `chunk` tokens to bound memory; returns the last token's logits [vocab]
     /// (float32, CPU).
     torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk = 512,
-                          SparseAttention* sparse = nullptr) const;
+                          SparseAttention* sparse = nullptr,
+                          QueryObserver* observer = nullptr) const;
 
   private:
     struct Layer {

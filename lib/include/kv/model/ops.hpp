@@ -32,6 +32,9 @@ std::vector<float> rope_inverse_frequencies(const ModelConfig& config);
 class Rope {
   public:
     explicit Rope(const ModelConfig& config);
+    /// From settings a cache file records (no model needed).
+    Rope(RopeLayout layout, std::vector<float> inverse_frequencies)
+        : layout_(layout), inverse_frequencies_(std::move(inverse_frequencies)) {}
 
     /// Rotates x [..., T, head_dim] by positions [T] (int64, any device); returns x's dtype.
     torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& positions) const;
@@ -55,6 +58,9 @@ struct AttentionMask {
     torch::Tensor key_positions;    ///< [S] int64
     int64_t sliding_window = 0;
     torch::Tensor allow;  ///< optional [T, S] bool
+    /// Optional [Hkv, S] bool: false for a kv head's padding slots (a cache whose heads keep
+    /// different numbers of tokens, formats/kvcache.md 6.3), which no query of the head sees.
+    torch::Tensor key_valid;
 };
 
 /// Exact softmax attention with grouped-query heads: q [Hq, T, D], k and v [Hkv, S, D] with Hq a

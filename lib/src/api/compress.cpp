@@ -1,0 +1,114 @@
+#include "kv/compress.hpp"
+
+#include "kv/error.hpp"
+#include "kv/model/compress.hpp"
+#include "kv/rope.hpp"
+#include "kv/runtime.hpp"
+#include "runtime.hpp"
+
+#include <chrono>
+#include <memory>
+#include <set>
+
+namespace kv {
+namespace {
+
+// The queries of a packet's prefill exist only for the tokens as baked: from position 0, every
+// token stored, no adapter soft token (their embeddings are the adapter's, not the model's).
+void check_recomputable(const Packet& packet, const std::string& source, CompressionMethod method) {
+    const std::string what = source + ": packet " + kv::quoted(packet.id);
+    const std::string rule = compression_method_name(method);
+    if (packet.stored_length() != packet.logical_length)
+        throw FormatError(what + " was pruned before (" + std::to_string(packet.stored_length()) +
+                          " of " + std::to_string(packet.logical_length) + " tokens); " + rule +
+                          " scores a packet by its whole prefill");
+    for (std::size_t i = 0; i < packet.positions.size(); ++i)
+        if (packet.positions[i] != static_cast<int64_t>(i))
+            throw FormatError(what + " does not store positions 0, 1, 2, ...; " + rule +
+                              " scores a packet by its prefill from position 0");
+    for (int32_t id : packet.token_ids)
+        if (id < 0)
+            throw FormatError(what +
+                              " holds adapter soft tokens, whose queries only its baking "
+                              "sees: use kvbake --compress " +
+                              rule);
+}
+
+}  // namespace
+
+CompressReport compress_cache_file(const CompressOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    const CompressionSettings& settings = options.settings;
+    validate_compression_settings(settings);
+    const bool needs_queries = compression_needs_queries(settings.method);
+    if (needs_queries && !options.model)
+        throw UsageError(std::string("--method ") + compression_method_name(settings.method) +
+                         " scores tokens by the prefill's queries: give the model (-m)");
+    set_compute_threads(options.threads);
+
+    const CacheReader reader(options.input);
+    const CacheModelInfo& model = reader.model();
+    std::set<std::string> selected;
+    for (const std::string& id : options.ids)
+        selected.insert(reader.packet_info(id).id);  // throws for an unknown id
+
+    std::optional<Runtime> runtime;
+    std::unique_ptr<Rope> file_rope;
+    if (needs_queries) {
+        runtime = load_runtime({*options.model, options.tokenizer, "auto", options.device, false});
+        CacheModelInfo expected = runtime->cache_info;
+        expected.dtype = model.dtype;
+        check_compatible(expected, model, reader.source());
+    } else {
+        const RopeSettings rope = rope_settings(model);
+        file_rope = std::make_unique<Rope>(rope.layout, rope.inverse_frequencies);
+    }
+    const Rope& rope = runtime ? runtime->model->rope() : *file_rope;
+
+    CompressReport report;
+    report.method = compression_method_name(settings.method);
+    CacheWriter writer(options.output, model, options.provenance, options.write);
+    const auto total = static_cast<int64_t>(reader.packets().size());
+    int64_t done = 0;
+    for (const PacketInfo& info : reader.packets()) {
+        Packet packet = reader.read(info.id);
+        if (!selected.empty() && !selected.count(info.id)) {
+            writer.add(packet);
+            ++report.copied;
+        } else {
+            if (packet.ragged())
+                throw FormatError(reader.source() + ": packet " + kv::quoted(info.id) +
+                                  " is already compressed per head; compress the uncompressed "
+                                  "packet instead");
+            std::unique_ptr<QueryRecorder> recorder;
+            if (needs_queries) {
+                check_recomputable(packet, reader.source(), settings.method);
+                const Model& m = *runtime->model;
+                recorder = std::make_unique<QueryRecorder>(settings, rope, model.num_layers);
+                KvCache cache = m.new_cache(packet.stored_length());
+                m.prefill(packet.token_ids, cache, 512, nullptr, recorder.get());
+            }
+            const Packet compressed =
+                compress_packet(packet, model, rope, settings, recorder.get());
+            CompressedPacket line;
+            line.id = info.id;
+            line.logical_length = packet.logical_length;
+            line.stored_before = packet.stored_length();
+            line.stored_after = compressed.stored_length();
+            line.per_head = compressed.ragged();
+            line.index_dropped = !packet.index.empty() && compressed.index.empty();
+            report.bytes_before += static_cast<int64_t>(packet.keys.size() + packet.values.size());
+            report.bytes_after +=
+                static_cast<int64_t>(compressed.keys.size() + compressed.values.size());
+            report.packets.push_back(line);
+            writer.add(compressed);
+        }
+        if (options.progress) options.progress(++done, total);
+    }
+    writer.finish();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return report;
+}
+
+}  // namespace kv
