@@ -39,14 +39,16 @@ namespace {
 constexpr const char* format_name = "kvtools-kvcache";
 constexpr int format_major = 1;
 // Writers write the lowest version that describes the file: 1.0, 1.1 once a packet has an index
-// (6.5), 1.2 once one keeps different tokens per head (6.3).
-constexpr int format_minor = 2;
+// (6.5), 1.2 once one keeps different tokens per head (6.3), 1.3 once one is quantised (6.6).
+constexpr int format_minor = 3;
 constexpr int index_minor = 1;
 constexpr int ragged_minor = 2;
 constexpr const char* ragged_feature = "ragged-heads";
+constexpr int quantized_minor = 3;
+constexpr const char* quantized_feature = "quantized-kv";
 constexpr int64_t max_1d_chunk = 65536;
 /// Features this reader implements.
-const std::set<std::string> known_features = {ragged_feature};
+const std::set<std::string> known_features = {ragged_feature, quantized_feature};
 
 // HDF5 1.10 serial keeps global state without locks: every call into it from this module holds
 // this mutex. Recursive, because public functions call each other.
@@ -716,6 +718,7 @@ struct CacheWriter::State {
     bool broken = false;  // an HDF5 write failed midway: the file cannot be finished
     bool has_index = false;
     bool has_ragged = false;
+    bool has_quantized = false;
 
     void discard() {  // with the HDF5 lock held
         packets.reset();
@@ -986,6 +989,57 @@ void write_index(const FileWriter& out, hid_t packet_group, const PacketIndex& i
                       page_sizes.data());
 }
 
+// Section 6.6: group `quantized` with codes, f16 scales and offsets, and the residual window,
+// instead of `keys` and `values`.
+void write_quantized(const FileWriter& out, hid_t packet_group, const Packet& packet,
+                     const Quantization& quantization, const CacheModelInfo& m,
+                     const CacheWriteOptions& options, hid_t key_type) {
+    const int64_t planes = m.num_layers * m.num_kv_heads, slots = packet.stored_length();
+    Handle group = out.create_group(packet_group, "quantized");
+    out.write_integer(group.get(), "bits", quantization.bits);
+    out.write_integer(group.get(), "group_size", quantization.group_size);
+    out.write_integer(group.get(), "residual_tokens", quantization.residual_tokens);
+    const auto layers = static_cast<hsize_t>(m.num_layers),
+               heads = static_cast<hsize_t>(m.num_kv_heads);
+    // The codes read from a file, when nothing changed since: quantising their dequantised
+    // values again would move them by rounding at every rewrite (kvindex, merge, append).
+    const QuantizedPayload* stored = packet.stored_quantized.get();
+    const bool reuse = stored && stored->quantization == quantization &&
+                       stored->keys_digest == bytes_digest(packet.keys) &&
+                       stored->values_digest == bytes_digest(packet.values);
+    for (const bool keys : {true, false}) {
+        const QuantizedTensor tensor =
+            reuse ? (keys ? stored->keys : stored->values)
+                  : quantize_tensor((keys ? packet.keys : packet.values).data(), m.dtype, planes,
+                                    slots, m.head_dim, quantization);
+        const std::string prefix = keys ? "key_" : "value_";
+        const auto quantized = static_cast<hsize_t>(tensor.quantized_slots);
+        const auto residual = static_cast<hsize_t>(slots - tensor.quantized_slots);
+        const auto code_bytes = static_cast<hsize_t>(m.head_dim * quantization.bits / 8);
+        const auto groups = static_cast<hsize_t>(m.head_dim / quantization.group_size);
+        const auto chunk_tokens = static_cast<hsize_t>(options.chunk_tokens);
+        out.write_dataset(
+            group.get(), prefix + "codes", H5T_STD_U8LE, H5T_NATIVE_UINT8,
+            {layers, heads, quantized, code_bytes},
+            {1, 1, std::max<hsize_t>(1, std::min(quantized, chunk_tokens)), code_bytes}, options,
+            false, tensor.codes.data());
+        for (const auto& [name, values] :
+             {std::pair<const char*, const std::vector<float>*>{"scales", &tensor.scales},
+              {"offsets", &tensor.offsets}})
+            out.write_dataset(
+                group.get(), prefix + name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                {layers, heads, quantized, groups},
+                {1, 1, std::max<hsize_t>(1, std::min(quantized, chunk_tokens)), groups}, options,
+                true, values->data());
+        out.write_dataset(group.get(), prefix + "residual", key_type, key_type,
+                          {layers, heads, residual, static_cast<hsize_t>(m.head_dim)},
+                          {1, 1, std::max<hsize_t>(1, std::min(residual, chunk_tokens)),
+                           static_cast<hsize_t>(m.head_dim)},
+                          options, true, tensor.residual.data(),
+                          m.dtype == CacheDtype::bf16 ? "bf16" : nullptr);
+    }
+}
+
 }  // namespace
 
 void CacheWriter::add(const Packet& packet) {
@@ -1040,6 +1094,10 @@ void CacheWriter::add(const Packet& packet) {
         throw FormatError(what + ": head_positions without head_lengths");
     }
 
+    const Quantization quantization =
+        s.options.quantization ? *s.options.quantization : packet.quantization;
+    if (quantization.enabled()) check_quantization(quantization, m.head_dim, what);
+
     const Lock lock = lock_hdf5();
     const FileWriter out(s.source);
     s.broken = true;  // until everything below is written
@@ -1064,11 +1122,16 @@ void CacheWriter::add(const Packet& packet) {
     const std::vector<hsize_t> chunk = {
         1, 1, std::min<hsize_t>(length, static_cast<hsize_t>(s.options.chunk_tokens)), dims[3]};
     const char* dtype_attribute = m.dtype == CacheDtype::bf16 ? "bf16" : nullptr;
-    // The memory type is the file type: the bytes are already little-endian in the file's dtype.
-    out.write_dataset(group.get(), "keys", s.key_type.get(), s.key_type.get(), dims, chunk,
-                      s.options, true, packet.keys.data(), dtype_attribute);
-    out.write_dataset(group.get(), "values", s.key_type.get(), s.key_type.get(), dims, chunk,
-                      s.options, true, packet.values.data(), dtype_attribute);
+    if (quantization.enabled()) {
+        write_quantized(out, group.get(), packet, quantization, m, s.options, s.key_type.get());
+        s.has_quantized = true;
+    } else {
+        // The memory type is the file type: the bytes are already little-endian in the dtype.
+        out.write_dataset(group.get(), "keys", s.key_type.get(), s.key_type.get(), dims, chunk,
+                          s.options, true, packet.keys.data(), dtype_attribute);
+        out.write_dataset(group.get(), "values", s.key_type.get(), s.key_type.get(), dims, chunk,
+                          s.options, true, packet.values.data(), dtype_attribute);
+    }
     if (packet.ragged()) {
         const hsize_t layers = static_cast<hsize_t>(m.num_layers),
                       heads = static_cast<hsize_t>(m.num_kv_heads);
@@ -1125,15 +1188,20 @@ void CacheWriter::finish() {
         out.write_string_dataset(index.get(), "adapter_fingerprint", adapters, s.options);
         index.reset();
 
-        const int minor = s.has_ragged ? ragged_minor : s.has_index ? index_minor : 0;
+        const int minor = s.has_quantized ? quantized_minor
+                          : s.has_ragged  ? ragged_minor
+                          : s.has_index   ? index_minor
+                                          : 0;
         if (minor > 0) {
             if (H5Adelete(s.file.get(), "format_version") < 0)
                 out.fail_hdf5("cannot update the format version");
             out.write_string(s.file.get(), "format_version",
                              std::to_string(format_major) + "." + std::to_string(minor));
         }
-        if (s.has_ragged)
-            out.write_string_list(s.file.get(), "required_features", {ragged_feature});
+        std::vector<std::string> features;
+        if (s.has_ragged) features.push_back(ragged_feature);
+        if (s.has_quantized) features.push_back(quantized_feature);
+        if (!features.empty()) out.write_string_list(s.file.get(), "required_features", features);
         // Last, so that a file that has it is whole (readers refuse one without it).
         out.write_integer(s.file.get(), "complete", 1);
         s.packets.reset();
@@ -1206,6 +1274,7 @@ struct CacheReader::State {
     RawSource raw;                 // the file's bytes, for checks HDF5 does not make
     bool raw_checks = false;       // heap ids can be checked (no user block before the superblock)
     bool ragged_declared = false;  // required_features lists ragged-heads
+    bool quantized_declared = false;  // and quantized-kv
     Handle file;
     Handle f16_type;
 
@@ -1278,6 +1347,7 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
     for (const std::string& feature : in.string_list_attribute(root, "required_features", "/")) {
         if (!known_features.count(feature)) unknown.push_back(kv::quoted(feature));
         if (feature == ragged_feature) s.ragged_declared = true;
+        if (feature == quantized_feature) s.quantized_declared = true;
     }
     if (!unknown.empty()) {
         std::string list;
@@ -1558,9 +1628,6 @@ Packet CacheReader::read(const std::string& id) const {
             in.fail("position " + std::to_string(position) + " is outside [0, logical_length " +
                     std::to_string(info.logical_length) + ")");
 
-    const std::vector<hsize_t> expected = {static_cast<hsize_t>(m.num_layers),
-                                           static_cast<hsize_t>(m.num_kv_heads), length,
-                                           static_cast<hsize_t>(m.head_dim)};
     std::size_t bytes = 0;
     try {
         bytes = checked_elements({m.num_layers, m.num_kv_heads, info.stored_length, m.head_dim}) *
@@ -1572,12 +1639,17 @@ Packet CacheReader::read(const std::string& id) const {
     if (bytes > memory_bytes() / 2)
         in.fail("its keys and values need " + std::to_string(2 * bytes) +
                 " bytes, more than this machine's memory");
-    for (const char* name : {"keys", "values"}) {
-        Handle dataset = in.open_dataset(g, name, name);
+    // A tensor in the file's dtype, of the given shape (keys, values, a quantised residual).
+    auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
+                           std::vector<std::byte>& target) {
+        const std::vector<hsize_t> expected = {static_cast<hsize_t>(m.num_layers),
+                                               static_cast<hsize_t>(m.num_kv_heads), tokens,
+                                               static_cast<hsize_t>(m.head_dim)};
+        Handle dataset = in.open_dataset(parent, name, name);
         const std::vector<hsize_t> dims = in.dataset_dims(dataset.get(), kv::quoted(name));
         if (dims != expected)
             in.fail(kv::quoted(name) + " has shape " + shape_text(dims) + ", expected " +
-                    shape_text(expected) + " (layers, kv-heads, stored_length, head_dim)");
+                    shape_text(expected) + " (layers, kv-heads, tokens, head_dim)");
         Handle type(H5Dget_type(dataset.get()), H5Tclose);
         const H5T_class_t type_class = H5Tget_class(type.get());
         const std::size_t size = H5Tget_size(type.get());
@@ -1607,12 +1679,60 @@ Packet CacheReader::read(const std::string& id) const {
         if (!matches)
             in.fail(kv::quoted(name) + " are not stored as " + cache_dtype_name(m.dtype) +
                     " (the file's dtype)");
-        std::vector<std::byte>& target =
-            std::string_view(name) == "keys" ? packet.keys : packet.values;
-        target.resize(bytes);
-        if (bytes > 0 &&
+        target.resize(static_cast<std::size_t>(m.num_layers * m.num_kv_heads) * tokens *
+                      static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype));
+        if (!target.empty() &&
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));
+    };
+    if (H5Lexists(g, "quantized", H5P_DEFAULT) > 0) {
+        if (!s.quantized_declared)
+            in.fail("is quantised but the file does not list the feature " +
+                    kv::quoted(quantized_feature));
+        Handle quantized = in.open_group(g, "quantized", "quantized");
+        const hid_t q = quantized.get();
+        Quantization& quantization = packet.quantization;
+        quantization.bits = static_cast<int>(in.integer_attribute(q, "bits", "quantized"));
+        quantization.group_size = in.integer_attribute(q, "group_size", "quantized");
+        quantization.residual_tokens = in.integer_attribute(q, "residual_tokens", "quantized");
+        try {
+            check_quantization(quantization, m.head_dim, "quantized");
+        } catch (const FormatError& error) {
+            in.fail(error.what());
+        }
+        const int64_t planes = m.num_layers * m.num_kv_heads;
+        const auto residual =
+            static_cast<hsize_t>(std::min(info.stored_length, quantization.residual_tokens));
+        const auto quantized_slots = length - residual;
+        const auto layers = static_cast<hsize_t>(m.num_layers),
+                   heads = static_cast<hsize_t>(m.num_kv_heads);
+        const auto code_bytes = static_cast<hsize_t>(m.head_dim * quantization.bits / 8);
+        const auto groups = static_cast<hsize_t>(m.head_dim / quantization.group_size);
+        auto payload = std::make_shared<QuantizedPayload>();
+        payload->quantization = quantization;
+        for (const bool keys : {true, false}) {
+            const std::string prefix = keys ? "key_" : "value_";
+            QuantizedTensor& tensor = keys ? payload->keys : payload->values;
+            tensor.quantized_slots = static_cast<int64_t>(quantized_slots);
+            tensor.codes = in.numeric_dataset<uint8_t>(q, prefix + "codes", prefix + "codes",
+                                                       {layers, heads, quantized_slots, code_bytes},
+                                                       H5T_NATIVE_UINT8);
+            for (auto [name, target] :
+                 {std::pair<const char*, std::vector<float>*>{"scales", &tensor.scales},
+                  {"offsets", &tensor.offsets}})
+                *target = in.numeric_dataset<float>(q, prefix + name, prefix + name,
+                                                    {layers, heads, quantized_slots, groups},
+                                                    H5T_NATIVE_FLOAT);
+            read_tensor(q, prefix + "residual", residual, tensor.residual);
+            std::vector<std::byte>& target = keys ? packet.keys : packet.values;
+            target = dequantize_tensor(tensor, m.dtype, planes, info.stored_length, m.head_dim,
+                                       quantization);
+            (keys ? payload->keys_digest : payload->values_digest) = bytes_digest(target);
+        }
+        packet.stored_quantized = std::move(payload);
+    } else {
+        read_tensor(g, "keys", length, packet.keys);
+        read_tensor(g, "values", length, packet.values);
     }
     if (H5Lexists(g, "head_lengths", H5P_DEFAULT) > 0 ||
         H5Lexists(g, "head_positions", H5P_DEFAULT) > 0) {
@@ -1644,6 +1764,24 @@ bool CacheReader::has_index(const std::string& id) const {
     const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
     if (exists < 0) H5Eclear2(H5E_DEFAULT);
     return exists > 0;
+}
+
+Quantization CacheReader::quantization(const std::string& id) const {
+    const State& s = *state_;
+    packet_info(id);
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    Quantization quantization;
+    if (exists <= 0) return quantization;
+    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    Handle group = in.open_group(s.file.get(), path, path);
+    quantization.bits = static_cast<int>(in.integer_attribute(group.get(), "bits", "quantized"));
+    quantization.group_size = in.integer_attribute(group.get(), "group_size", "quantized");
+    quantization.residual_tokens =
+        in.integer_attribute(group.get(), "residual_tokens", "quantized");
+    return quantization;
 }
 
 bool CacheReader::has_head_positions(const std::string& id) const {

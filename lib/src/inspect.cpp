@@ -81,6 +81,16 @@ std::vector<int64_t> shape_without_dim(const CacheModelInfo& model, int64_t slot
     return {model.num_layers, model.num_kv_heads, slots};
 }
 
+// How a packet's tensors are stored: the dtype, or "int8" / "int4+128" (quantised), with
+// ", per-head" when its heads keep different tokens. Reads no tensor.
+std::string packet_storage(const CacheReader& reader, const std::string& id) {
+    const Quantization quantization = reader.quantization(id);
+    std::string how = quantization.enabled() ? quantization_name(quantization)
+                                             : cache_dtype_name(reader.model().dtype);
+    if (reader.has_head_positions(id)) how += ", per-head";
+    return how;
+}
+
 int64_t tensor_bytes(const CacheModelInfo& model, const PacketInfo& info) {
     return 2 * model.num_layers * model.num_kv_heads * info.stored_length * model.head_dim *
            static_cast<int64_t>(cache_dtype_size(model.dtype));
@@ -221,18 +231,37 @@ std::string describe_cache_text(const CacheReader& reader) {
         text += format("indexed:     %zu of %zu packets carry an IceCache index\n", indexed,
                        reader.packets().size());
     if (reader.packets().empty()) return text;
+    // A storage column only for files that use per-head tokens or quantisation (1.2, 1.3).
+    std::vector<std::string> storage;
+    bool special = false;
+    for (const PacketInfo& info : reader.packets()) {
+        std::string how = packet_storage(reader, info.id);
+        special = special || how != cache_dtype_name(reader.model().dtype);
+        storage.push_back(std::move(how));
+    }
     text += "\n";
     const int width = static_cast<int>(id_width);
-    text += format("%-*s %8s %8s  %s\n", width, "id", "stored", "logical", "adapter");
-    for (const PacketInfo& info : reader.packets()) {
+    if (special)
+        text += format("%-*s %8s %8s  %-16s %s\n", width, "id", "stored", "logical", "storage",
+                       "adapter");
+    else
+        text += format("%-*s %8s %8s  %s\n", width, "id", "stored", "logical", "adapter");
+    for (std::size_t i = 0; i < reader.packets().size(); ++i) {
+        const PacketInfo& info = reader.packets()[i];
         std::string adapter = "-";
         if (!info.adapter_fingerprint.empty())
             adapter = info.adapter_fingerprint.substr(0, 12) +
                       format(" (%lld+%lld)", static_cast<long long>(info.header_tokens),
                              static_cast<long long>(info.trailer_tokens));
-        text += format("%-*s %8lld %8lld  %s\n", width, printable(info.id).c_str(),
-                       static_cast<long long>(info.stored_length),
-                       static_cast<long long>(info.logical_length), adapter.c_str());
+        if (special)
+            text += format("%-*s %8lld %8lld  %-16s %s\n", width, printable(info.id).c_str(),
+                           static_cast<long long>(info.stored_length),
+                           static_cast<long long>(info.logical_length), storage[i].c_str(),
+                           adapter.c_str());
+        else
+            text += format("%-*s %8lld %8lld  %s\n", width, printable(info.id).c_str(),
+                           static_cast<long long>(info.stored_length),
+                           static_cast<long long>(info.logical_length), adapter.c_str());
     }
     return text;
 }
@@ -250,7 +279,9 @@ json::Value describe_cache_json(const CacheReader& reader) {
         stored += info.stored_length;
         logical += info.logical_length;
         bytes += tensor_bytes(reader.model(), info);
-        packets.push_back(packet_info_json(info));
+        json::Value packet = packet_info_json(info);
+        packet.set("storage", packet_storage(reader, info.id));
+        packets.push_back(std::move(packet));
     }
     report.set("stored_tokens", stored);
     report.set("logical_tokens", logical);

@@ -14,17 +14,26 @@
 
 namespace kv::fuzz {
 
-/// A file named `name` in a folder of this process's own, rewritten for every input.
+/// A folder of this process's own, removed when the process exits normally.
+struct ScratchFolder {
+    std::filesystem::path path;
+    ScratchFolder() {
+        const char* base = std::getenv("TMPDIR");
+        path = std::filesystem::path(base && *base ? base : "/tmp") /
+               ("kv-fuzz-" + std::to_string(::getpid()));
+        std::filesystem::create_directories(path);
+    }
+    ~ScratchFolder() {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+    }
+};
+
+/// A file named `name` in the process's scratch folder, rewritten for every input.
 inline std::filesystem::path scratch_file(const std::string& name, const uint8_t* data,
                                           std::size_t size) {
-    static const std::filesystem::path folder = [] {
-        const char* base = std::getenv("TMPDIR");
-        std::filesystem::path path = std::filesystem::path(base && *base ? base : "/tmp") /
-                                     ("kv-fuzz-" + std::to_string(::getpid()));
-        std::filesystem::create_directories(path);
-        return path;
-    }();
-    const std::filesystem::path path = folder / name;
+    static const ScratchFolder folder;
+    const std::filesystem::path path = folder.path / name;
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
     return path;

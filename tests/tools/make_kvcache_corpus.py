@@ -222,6 +222,33 @@ RAGGED_POSITIONS = [[[0, 2, 5, 9], [1, 2, 6, 8]], [[0, 3, 4, 7], [0, 1, 2]]]
 RAGGED_SLOT_POSITIONS = [1, 3, 6, 9]
 
 
+def quantize_packet(f, ordinal, bits, group_size, residual, declare=True):
+    """Replaces packet `ordinal`'s keys and values by the quantized group of formats/kvcache.md
+    6.6, with codes, scales and offsets chosen so that every value is exactly known: element e
+    (row-major over [L, H, Q, D]) has code e % 2**bits, scale 0.25 (keys) or 0.5 (values) and
+    offset -1; residual slot values are 100 + their row-major index."""
+    group = f["packets/%08d" % ordinal]
+    slots = int(group.attrs["stored_length"])
+    kept = slots - min(residual, slots)
+    del group["keys"], group["values"]
+    q = create_group(group, "quantized")
+    q.attrs["bits"], q.attrs["group_size"], q.attrs["residual_tokens"] = bits, group_size, residual
+    for prefix, scale in (("key_", 0.25), ("value_", 0.5)):
+        codes = (np.arange(LAYERS * HEADS * kept * DIM) % (1 << bits)).reshape(LAYERS, HEADS, kept, DIM)
+        if bits == 4:  # two per byte, the even dimension in the low nibble
+            codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+        q.create_dataset(prefix + "codes", data=codes.astype("u1"))
+        shape = (LAYERS, HEADS, kept, DIM // group_size)
+        q.create_dataset(prefix + "scales", data=np.full(shape, scale, dtype="<f4"))
+        q.create_dataset(prefix + "offsets", data=np.full(shape, -1.0, dtype="<f4"))
+        rest = slots - kept
+        q.create_dataset(prefix + "residual",
+                         data=(100 + np.arange(LAYERS * HEADS * rest * DIM)).reshape(
+                             LAYERS, HEADS, rest, DIM).astype("<f4"))
+    if declare:
+        f.attrs.create("required_features", ["quantized-kv"], dtype=h5py.string_dtype())
+
+
 def flip_byte_in_chunk(path, dataset_path, at=None):
     """Flips one byte of the first stored chunk of a dataset, where h5py says it lies: in the
     middle (by default), so that its Fletcher32 checksum no longer matches, or at `at`."""
@@ -323,6 +350,15 @@ def main():
          root={"format_version": "1.2"},
          hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, RAGGED_POSITIONS))
 
+    good("0013_quantized",
+         "format_version 1.3 with feature quantized-kv: packet 'q8' as 8-bit codes (group 4, no "
+         "residual), 'q4' as 4-bit codes (group 2) with its last 2 slots unquantised; every "
+         "value exactly known (see quantize_packet)",
+         [packet("q8", 3, 15), packet("q4", 5, 16), packet("plain", 2, 17)],
+         root={"format_version": "1.3"},
+         hook=lambda f: (quantize_packet(f, 0, 8, 4, 0, declare=False),
+                         quantize_packet(f, 1, 4, 2, 2)))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -339,7 +375,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.2)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.3)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
@@ -442,6 +478,18 @@ def main():
            "position 3",
            packets=ragged_packets, root={"format_version": "1.2"},
            hook=lambda f: add_ragged(f, 0, RAGGED_LENGTHS, above))
+
+    broken("0025_quantized_without_feature",
+           "a quantized group in a file that does not list 'quantized-kv'",
+           "*: packet 'q8': is quantised but the file does not list the feature 'quantized-kv'",
+           packets=[packet("q8", 3, 15)], root={"format_version": "1.3"},
+           hook=lambda f: quantize_packet(f, 0, 8, 4, 0, declare=False))
+    broken("0026_quantized_bad_group",
+           "group_size 3 does not divide head_dim 4",
+           "*: packet 'q8': quantized: quantization group size 3 does not divide head_dim 4",
+           packets=[packet("q8", 3, 15)], root={"format_version": "1.3"},
+           hook=lambda f: (quantize_packet(f, 0, 8, 4, 0),
+                           f["packets/00000000/quantized"].attrs.__setitem__("group_size", 3)))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

@@ -386,6 +386,41 @@ TEST_CASE("the corpus files hold what their generator wrote", "[cache_file]") {
     CHECK(many.packets().size() == 12);
     CHECK(many.packet_info("with/slash").stored_length > 0);
     CHECK(many.read("日本語").id == "日本語");
+
+    // Quantised packets (formats/kvcache.md 6.6), written by h5py with known codes: element e of
+    // the codes has code e % 2^bits, scale 0.25 (keys) / 0.5 (values), offset -1; residual slots
+    // hold 100 + their index. Layers 2, kv-heads 2, head_dim 4.
+    const kv::CacheReader quantized(corpus / "good/0013_quantized.kvc");
+    CHECK(quantized.format_version() == "1.3");
+    auto value_at = [](const kv::Packet& packet, bool keys, std::size_t i) {
+        float value;
+        std::memcpy(&value, (keys ? packet.keys : packet.values).data() + 4 * i, 4);
+        return value;
+    };
+    for (const auto& [id, bits, slots, residual] :
+         {std::tuple<const char*, int, int64_t, int64_t>{"q8", 8, 3, 0}, {"q4", 4, 5, 2}}) {
+        const kv::Packet packet = quantized.read(id);
+        CHECK(packet.quantization.bits == bits);
+        CHECK(packet.quantization.residual_tokens == residual);
+        const int64_t kept = slots - residual;
+        for (const bool keys : {true, false})
+            for (int64_t plane = 0; plane < 4; ++plane)
+                for (int64_t slot = 0; slot < slots; ++slot)
+                    for (int64_t d = 0; d < 4; ++d) {
+                        const auto at = static_cast<std::size_t>((plane * slots + slot) * 4 + d);
+                        const float expected =
+                            slot < kept ? static_cast<float>(((plane * kept + slot) * 4 + d) %
+                                                             (1 << bits)) *
+                                                  (keys ? 0.25f : 0.5f) -
+                                              1.0f
+                                        : static_cast<float>(
+                                              100 + (plane * residual + slot - kept) * 4 + d);
+                        INFO(id << (keys ? " keys" : " values") << " plane " << plane << " slot "
+                                << slot << " dim " << d);
+                        CHECK(value_at(packet, keys, at) == expected);
+                    }
+    }
+    CHECK_FALSE(quantized.read("plain").quantization.enabled());
 }
 
 TEST_CASE("a cache file lock excludes a second locker and follows replacement", "[cache_file]") {

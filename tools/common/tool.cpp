@@ -1,5 +1,9 @@
 #include "tool.hpp"
 
+#include "kv/quantize.hpp"
+
+#include <memory>
+
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 
@@ -43,6 +47,43 @@ void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& jso
     app.add_flag("-f,--force", write.force, "Write binary cache data even to a terminal");
     app.add_flag("--json", json_report,
                  "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
+
+    // Quantised storage: the three options combine once parsing is done.
+    struct Raw {
+        std::string name;
+        int64_t group = 32;
+        int64_t residual = -1;
+    };
+    auto raw = std::make_shared<Raw>();
+    const std::string group = "Quantised storage";
+    app.add_option("--quantize", raw->name,
+                   "Store keys and values as int8 or int4 codes (per-group scale and offset), or "
+                   "none; default: as each input packet is stored")
+        ->check(CLI::IsMember({"int8", "int4", "none"}))
+        ->group(group);
+    app.add_option("--quant-group", raw->group,
+                   "head_dim values sharing one scale and offset (divides head_dim)")
+        ->default_val(32)
+        ->check(CLI::PositiveNumber)
+        ->group(group);
+    app.add_option("--residual-tokens", raw->residual,
+                   "Last tokens of each head kept unquantised (default: 0 for int8, 128 for int4)")
+        ->check(CLI::NonNegativeNumber)
+        ->group(group);
+    CLI::App* command = &app;
+    app.final_callback([raw, &write, command] {
+        if (raw->name.empty()) {
+            if (command->count("--quant-group") || command->count("--residual-tokens"))
+                throw CLI::ValidationError("--quant-group and --residual-tokens need --quantize");
+            return;
+        }
+        Quantization quantization = parse_quantization(raw->name);
+        if (quantization.enabled()) {
+            quantization.group_size = raw->group;
+            if (raw->residual >= 0) quantization.residual_tokens = raw->residual;
+        }
+        write.quantization = quantization;
+    });
 }
 
 void write_report(const json::Value& report, const std::string& output) {

@@ -115,11 +115,10 @@ int main(int argc, char** argv) {
             "compress",
             "Prune tokens per (layer, kv-head) by a kvpress scoring rule; positions are kept, so "
             "packets still pack and decode at their logical length");
-        compress
-            ->add_option("--method", compress_method,
-                         "Scoring rule: " + kv::compression_method_names() +
-                             " (snapkv, tova, observed and expected need -m)")
-            ->required();
+        compress->add_option("--method", compress_method,
+                             "Scoring rule: " + kv::compression_method_names() +
+                                 " (snapkv, tova, observed and expected need -m); may be left out "
+                                 "with --quantize");
         kv::cli::add_compression_options(*compress, compression.settings);
         compress
             ->add_option("--packet", compression.ids,
@@ -181,7 +180,16 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (compress->parsed()) {
-            compression.settings.method = kv::parse_compression_method(compress_method);
+            if (compress_method.empty()) {
+                if (!compression.write.quantization)
+                    throw kv::UsageError("give --method (pruning), --quantize, or both");
+                for (const char* name : {"--ratio", "--keep-tokens", "--keep-adapters"})
+                    if (compress->count(name))
+                        throw kv::UsageError(std::string(name) + " needs --method");
+                compression.prune = false;
+            } else {
+                compression.settings.method = kv::parse_compression_method(compress_method);
+            }
             compression.input = compress_input;
             compression.output = output;
             if (!compress_model.model.empty()) compression.model = compress_model.model;
@@ -207,6 +215,7 @@ int main(int argc, char** argv) {
             if (compress_json) {
                 kv::json::Value value = kv::json::Value::object();
                 value.set("method", report.method);
+                value.set("quantization", report.quantization);
                 value.set("compressed", static_cast<int64_t>(report.packets.size()));
                 value.set("copied", report.copied);
                 value.set("tokens_before", before);
@@ -217,11 +226,16 @@ int main(int argc, char** argv) {
                 value.set("packets", packets);
                 kv::cli::write_report(value, output);
             } else {
+                const std::string how =
+                    report.method.empty() ? "stored as " + report.quantization
+                    : report.quantization == "none"
+                        ? "with " + report.method
+                        : "with " + report.method + ", stored as " + report.quantization;
                 std::fprintf(stderr,
-                             "kvinspect: compressed %zu packet%s with %s: %lld -> %lld tokens per "
+                             "kvinspect: compressed %zu packet%s %s: %lld -> %lld tokens per "
                              "head, %lld -> %lld bytes of keys and values%s%s\n",
                              report.packets.size(), report.packets.size() == 1 ? "" : "s",
-                             report.method.c_str(), static_cast<long long>(before),
+                             how.c_str(), static_cast<long long>(before),
                              static_cast<long long>(after),
                              static_cast<long long>(report.bytes_before),
                              static_cast<long long>(report.bytes_after),

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "kv/index/layout.hpp"
+#include "kv/quantize.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -82,6 +83,11 @@ struct Packet {
     /// per slot, the largest position any head stores there, and `token_ids` that token.
     std::vector<int64_t> head_lengths;
     std::vector<int64_t> head_positions;
+    /// How keys and values are stored (section 6.6): read back dequantised into `keys` and
+    /// `values`, and quantised again when written (unless CacheWriteOptions says otherwise).
+    Quantization quantization;
+    /// The codes it was read from, written back as they are while keys and values are unchanged.
+    std::shared_ptr<const QuantizedPayload> stored_quantized;
 
     int64_t stored_length() const { return static_cast<int64_t>(token_ids.size()); }
     bool ragged() const { return !head_lengths.empty(); }
@@ -108,6 +114,8 @@ struct CacheWriteOptions {
     /// finish() refuses to replace a file that appeared under the name meanwhile (kvbake
     /// --append creating a store that another process created first).
     bool no_replace = false;
+    /// Store every packet this way instead of as each packet says (bits 0: unquantised).
+    std::optional<Quantization> quantization;
 };
 
 /// Writes a new cache file packet by packet (memory holds one packet at a time).
@@ -157,6 +165,8 @@ class CacheReader {
     bool has_index(const std::string& id) const;
     /// Whether the packet keeps different tokens per head (section 6.3), without reading it.
     bool has_head_positions(const std::string& id) const;
+    /// How the packet's keys and values are stored (section 6.6), without reading them.
+    Quantization quantization(const std::string& id) const;
 
   private:
     struct State;

@@ -67,6 +67,7 @@ struct CompressOptions {
     std::filesystem::path input;   ///< "-": standard input
     std::filesystem::path output;  ///< "-": standard output
     std::vector<std::string> ids;  ///< packets to compress; empty: every packet
+    bool prune = true;             ///< false: only rewrite (e.g. quantise, write.quantization)
     CompressionSettings settings;
     /// For rules that need queries: the model the cache was baked with (checked).
     std::optional<std::filesystem::path> model;
@@ -88,7 +89,8 @@ struct CompressedPacket {
 };
 
 struct CompressReport {
-    std::string method;
+    std::string method;                     ///< "" when nothing was pruned
+    std::string quantization;               ///< how the output stores the compressed packets
     std::vector<CompressedPacket> packets;  ///< compressed ones, in file order
     int64_t copied = 0;                     ///< packets left as they were (not selected)
     int64_t bytes_before = 0;               ///< keys and values of the compressed packets

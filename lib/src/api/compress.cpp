@@ -6,6 +6,7 @@
 #include "kv/runtime.hpp"
 #include "runtime.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <set>
@@ -34,13 +35,26 @@ void check_recomputable(const Packet& packet, const std::string& source, Compres
                               rule);
 }
 
+// Bytes of keys and values as the file stores them (before zstd): codes, scales and offsets of
+// quantised ones.
+int64_t stored_bytes(const Packet& packet, const CacheModelInfo& model) {
+    const int64_t planes = model.num_layers * model.num_kv_heads, slots = packet.stored_length();
+    const Quantization& q = packet.quantization;
+    if (!q.enabled()) return static_cast<int64_t>(packet.keys.size() + packet.values.size());
+    const int64_t residual = std::min(slots, q.residual_tokens), quantized = slots - residual;
+    const int64_t per_row = model.head_dim * q.bits / 8 + 2 * 2 * (model.head_dim / q.group_size);
+    return 2 * planes *
+           (quantized * per_row +
+            residual * model.head_dim * static_cast<int64_t>(cache_dtype_size(model.dtype)));
+}
+
 }  // namespace
 
 CompressReport compress_cache_file(const CompressOptions& options) {
     const auto started = std::chrono::steady_clock::now();
     const CompressionSettings& settings = options.settings;
-    validate_compression_settings(settings);
-    const bool needs_queries = compression_needs_queries(settings.method);
+    if (options.prune) validate_compression_settings(settings);
+    const bool needs_queries = options.prune && compression_needs_queries(settings.method);
     if (needs_queries && !options.model)
         throw UsageError(std::string("--method ") + compression_method_name(settings.method) +
                          " scores tokens by the prefill's queries: give the model (-m)");
@@ -66,7 +80,7 @@ CompressReport compress_cache_file(const CompressOptions& options) {
     const Rope& rope = runtime ? runtime->model->rope() : *file_rope;
 
     CompressReport report;
-    report.method = compression_method_name(settings.method);
+    report.method = options.prune ? compression_method_name(settings.method) : "";
     CacheWriter writer(options.output, model, options.provenance, options.write);
     const auto total = static_cast<int64_t>(reader.packets().size());
     int64_t done = 0;
@@ -88,8 +102,11 @@ CompressReport compress_cache_file(const CompressOptions& options) {
                 KvCache cache = m.new_cache(packet.stored_length());
                 m.prefill(packet.token_ids, cache, 512, nullptr, recorder.get());
             }
-            const Packet compressed =
-                compress_packet(packet, model, rope, settings, recorder.get());
+            Packet compressed = options.prune
+                                    ? compress_packet(packet, model, rope, settings, recorder.get())
+                                    : packet;
+            if (options.write.quantization) compressed.quantization = *options.write.quantization;
+            report.quantization = quantization_name(compressed.quantization);
             CompressedPacket line;
             line.id = info.id;
             line.logical_length = packet.logical_length;
@@ -98,8 +115,7 @@ CompressReport compress_cache_file(const CompressOptions& options) {
             line.per_head = compressed.ragged();
             line.index_dropped = !packet.index.empty() && compressed.index.empty();
             report.bytes_before += static_cast<int64_t>(packet.keys.size() + packet.values.size());
-            report.bytes_after +=
-                static_cast<int64_t>(compressed.keys.size() + compressed.values.size());
+            report.bytes_after += stored_bytes(compressed, model);
             report.packets.push_back(line);
             writer.add(compressed);
         }
