@@ -244,16 +244,15 @@ void SparseAttention::prepare(const KvCache& cache) {
     if (options_.method != SparseMethod::icecache) return;
     for (int64_t layer = options_.dense_layers; layer < state_->config.num_layers; ++layer) {
         const torch::Tensor keys = cache.keys(layer);
-        if (keys.size(1) > options_.budget) index_rows(layer, keys);
+        if (chooses(layer, keys.size(1))) index_rows(layer, keys);
     }
 }
 
 bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
                              std::vector<std::vector<int64_t>>& rows) {
-    if (options_.method == SparseMethod::full || layer < options_.dense_layers) return false;
+    if (!chooses(layer, keys.size(1))) return false;
     State& s = *state_;
     const int64_t total = keys.size(1);
-    if (total <= options_.budget) return false;
     const auto started = Clock::now();
     const int64_t kv_heads = keys.size(0), query_heads = queries.size(0);
     const int64_t group = query_heads / kv_heads, dim = keys.size(2);

@@ -86,6 +86,11 @@ class SparseAttention {
 
   private:
     void index_rows(int64_t layer, const torch::Tensor& keys);  // rows that left the window
+    /// Whether layer `layer` over `tokens` cached tokens chooses rows (else attends to all).
+    bool chooses(int64_t layer, int64_t tokens) const {
+        return options_.method != SparseMethod::full && layer >= options_.dense_layers &&
+               tokens > options_.budget;
+    }
 
     struct State;
     std::unique_ptr<State> state_;
