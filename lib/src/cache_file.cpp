@@ -67,6 +67,7 @@ void init_hdf5() {
         H5open();
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
         H5Zregister(&zstd_filter_class);
+        install_vlen_guard();
         return true;
     }();
     (void)done;
@@ -310,6 +311,8 @@ class FileReader {
         if (count == 0) return values;
         const H5T_cset_t cset = H5Tget_cset(type.get());
         auto read = [&](hid_t memory_type, void* buffer) {
+            // Heap ids of variable-length strings are checked before HDF5 follows them.
+            const VlenGuard guard(raw_);
             return is_dataset ? H5Dread(object, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer)
                               : H5Aread(object, memory_type, buffer);
         };

@@ -238,15 +238,15 @@ std::string take_read_driver_problem() {
     return problem;
 }
 
-std::string check_heap_ids(const RawSource& source, uint64_t offset, std::size_t count) {
-    constexpr std::size_t element = 16;  // length (4), collection address (8), index (4)
-    if (count > source.size / element) return "variable-length data outside the file";
-    std::vector<unsigned char> raw(count * element);
-    if (!source.read(offset, raw.size(), raw.data()))
-        return "variable-length data outside the file";
+namespace {
+
+// Checks `count` disk heap ids (length 4, collection address 8, index 4, little-endian) laid out
+// `stride` bytes apart, against the collections they name in `source`.
+std::string check_heap_id_bytes(const RawSource& source, const unsigned char* ids,
+                                std::size_t count, std::size_t stride) {
     std::map<uint64_t, std::map<uint64_t, uint64_t>> collections;  // address -> index -> size
     for (std::size_t i = 0; i < count; ++i) {
-        const unsigned char* p = raw.data() + i * element;
+        const unsigned char* p = ids + i * stride;
         const uint64_t length = load_le(p, 4);
         const uint64_t address = load_le(p + 4, 8);
         const uint64_t index = load_le(p + 12, 4);
@@ -278,6 +278,74 @@ std::string check_heap_ids(const RawSource& source, uint64_t offset, std::size_t
             return "a string points to a missing or wrong global heap object";
     }
     return "";
+}
+
+const RawSource*& guarded_source() {
+    static const RawSource* source = nullptr;
+    return source;
+}
+
+H5T_conv_t& library_vlen_conversion() {
+    static H5T_conv_t function = nullptr;
+    return function;
+}
+
+// In front of HDF5's own variable-length conversion: before it follows the heap ids of strings
+// read from the guarded file (attributes included, whose bytes no other check sees), they are
+// checked; a bad one fails the conversion instead of crashing H5HG_read (HDF5 1.10 only asserts
+// the index).
+herr_t guarded_vlen_conversion(hid_t source_type, hid_t target_type, H5T_cdata_t* data,
+                               size_t count, size_t stride, size_t background_stride,
+                               void* buffer, void* background, hid_t transfer) {
+    const RawSource* source = guarded_source();
+    if (data->command == H5T_CONV_CONV && source && buffer && count > 0 &&
+        H5Tis_variable_str(source_type) > 0 && H5Tget_size(source_type) == 16) {
+        const std::string problem =
+            check_heap_id_bytes(*source, static_cast<const unsigned char*>(buffer), count,
+                                stride ? stride : 16);
+        if (!problem.empty()) {
+            last_problem() = problem;
+            return -1;
+        }
+    }
+    return library_vlen_conversion()(source_type, target_type, data, count, stride,
+                                     background_stride, buffer, background, transfer);
+}
+
+}  // namespace
+
+std::string check_heap_ids(const RawSource& source, uint64_t offset, std::size_t count) {
+    constexpr std::size_t element = 16;  // length (4), collection address (8), index (4)
+    if (count > source.size / element) return "variable-length data outside the file";
+    std::vector<unsigned char> raw(count * element);
+    if (!source.read(offset, raw.size(), raw.data()))
+        return "variable-length data outside the file";
+    return check_heap_id_bytes(source, raw.data(), count, element);
+}
+
+bool install_vlen_guard() {
+    static const bool installed = [] {
+        const hid_t ints = H5Tvlen_create(H5T_NATIVE_INT);
+        const hid_t longs = H5Tvlen_create(H5T_NATIVE_LLONG);
+        H5T_cdata_t* data = nullptr;
+        library_vlen_conversion() = H5Tfind(ints, longs, &data);
+        const bool ok = library_vlen_conversion() &&
+                        H5Tregister(H5T_PERS_SOFT, "kvtools-checked-vlen", ints, longs,
+                                    guarded_vlen_conversion) >= 0;
+        H5Tclose(ints);
+        H5Tclose(longs);
+        H5Eclear2(H5E_DEFAULT);
+        return ok;
+    }();
+    return installed;
+}
+
+VlenGuard::VlenGuard(const RawSource* source) : previous_(guarded_source()) {
+    guarded_source() = source;
+}
+
+VlenGuard::~VlenGuard() {
+    guarded_source() = previous_;
 }
 
 }  // namespace kv

@@ -41,4 +41,22 @@ std::string take_read_driver_problem();
 /// Returns "" or the problem.
 std::string check_heap_ids(const RawSource& source, uint64_t offset, std::size_t count);
 
+/// Puts a check in front of HDF5's variable-length conversion (once per process): heap ids of
+/// strings read while a VlenGuard is active are checked against its file first, so that a
+/// corrupt one inside an attribute (whose bytes nothing else sees) fails the read instead of
+/// crashing HDF5. False when HDF5 would not take it (then only datasets are checked).
+bool install_vlen_guard();
+
+/// Makes `source` the file whose heap ids the conversion check uses, for its lifetime.
+class VlenGuard {
+  public:
+    explicit VlenGuard(const RawSource* source);
+    ~VlenGuard();
+    VlenGuard(const VlenGuard&) = delete;
+    VlenGuard& operator=(const VlenGuard&) = delete;
+
+  private:
+    const RawSource* previous_;
+};
+
 }  // namespace kv
