@@ -1,13 +1,16 @@
 // kvinspect: show, check, compare, export, merge and compress cache files.
 #include "kv/api/inspect.hpp"
 #include "kv/cache_file.hpp"
-#include "kv/compress.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "tool.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -33,9 +36,26 @@ std::string command_line(int argc, char** argv) {
     return line;
 }
 
+// Replaces this process by the compress helper, which sits at KV_COMPRESS_HELPER_FROM_BIN
+// relative to this program (build tree and installation alike), with the same arguments.
+int run_compress_helper(int argc, char** argv) {
+    std::error_code error;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+    const std::filesystem::path helper =
+        (error ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) /
+        KV_COMPRESS_HELPER_FROM_BIN;
+    std::vector<char*> args(argv, argv + argc);
+    args.push_back(nullptr);
+    ::execv(helper.c_str(), args.data());
+    std::fprintf(stderr, "kvinspect: error: cannot run %s: %s\n", helper.c_str(),
+                 std::strerror(errno));
+    return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc > 1 && std::strcmp(argv[1], "compress") == 0) return run_compress_helper(argc, argv);
     // "kvinspect FILE" is "kvinspect show FILE".
     std::vector<char*> args(argv, argv + argc);
     static char show_name[] = "show";
@@ -57,11 +77,6 @@ int main(int argc, char** argv) {
     CLI::App* diff = nullptr;
     CLI::App* exporter = nullptr;
     CLI::App* merge = nullptr;
-    CLI::App* compress = nullptr;
-    kv::CompressOptions compression;
-    std::string compress_method, compress_input;
-    kv::cli::ModelOptions compress_model;
-    bool compress_json = false;
 
     auto configure = [&](CLI::App& app) {
         app.require_subcommand(1);
@@ -111,31 +126,13 @@ int main(int argc, char** argv) {
             ->check(CLI::Range(0, 22));
         merge->add_flag("--force", force, "Write binary data even to a terminal");
 
-        compress = app.add_subcommand(
-            "compress",
-            "Prune tokens per (layer, kv-head) by a kvpress scoring rule; positions are kept, so "
-            "packets still pack and decode at their logical length");
-        compress->add_option("--method", compress_method,
-                             "Scoring rule: " + kv::compression_method_names() +
-                                 " (snapkv, tova, observed and expected need -m); may be left out "
-                                 "with --quantize");
-        kv::cli::add_compression_options(*compress, compression.settings);
-        compress
-            ->add_option("--packet", compression.ids,
-                         "Compress only this packet (repeatable); the others are copied")
-            ->allow_extra_args(false);
-        compress->add_option("input", compress_input, "Cache file ('-': standard input)")
-            ->required();
-        compress->add_option("-o,--output", output, "Output file ('-': standard output)")
-            ->required();
-        kv::cli::add_model_options(*compress, compress_model, false);
-        kv::cli::add_threads_option(*compress, compression.threads);
-        compress
-            ->add_option("--device", compression.device,
-                         "auto, cpu, cuda or cuda:N, for rules that run the model")
-            ->envname("KV_DEVICE")
-            ->default_val("auto");
-        kv::cli::add_cache_output_options(*compress, compression.write, compress_json);
+        // Compression needs libtorch, which takes half a second to load: it lives in a helper
+        // program (main() hands it the command line), so that the other subcommands start fast.
+        app.add_subcommand("compress",
+                           "Prune tokens per (layer, kv-head) by a kvpress scoring rule, or "
+                           "quantise; see 'kvinspect compress --help'")
+            ->allow_extras()
+            ->prefix_command();
     };
 
     auto body = [&]() -> int {
@@ -177,71 +174,6 @@ int main(int argc, char** argv) {
         }
         if (exporter->parsed()) {
             kv::export_safetensors(export_input, output, force);
-            return 0;
-        }
-        if (compress->parsed()) {
-            if (compress_method.empty()) {
-                if (!compression.write.quantization)
-                    throw kv::UsageError("give --method (pruning), --quantize, or both");
-                for (const char* name : {"--ratio", "--keep-tokens", "--keep-adapters"})
-                    if (compress->count(name))
-                        throw kv::UsageError(std::string(name) + " needs --method");
-                compression.prune = false;
-            } else {
-                compression.settings.method = kv::parse_compression_method(compress_method);
-            }
-            compression.input = compress_input;
-            compression.output = output;
-            if (!compress_model.model.empty()) compression.model = compress_model.model;
-            if (!compress_model.tokenizer.empty()) compression.tokenizer = compress_model.tokenizer;
-            compression.provenance = kv::cli::provenance("kvinspect", argc, argv);
-            const kv::CompressReport report = kv::compress_cache_file(compression);
-            int64_t before = 0, after = 0, per_head = 0, dropped = 0;
-            kv::json::Value packets = kv::json::Value::array();
-            for (const kv::CompressedPacket& line : report.packets) {
-                before += line.stored_before;
-                after += line.stored_after;
-                per_head += line.per_head;
-                dropped += line.index_dropped;
-                kv::json::Value item = kv::json::Value::object();
-                item.set("id", line.id);
-                item.set("logical_length", line.logical_length);
-                item.set("stored_before", line.stored_before);
-                item.set("stored_after", line.stored_after);
-                item.set("per_head", line.per_head);
-                item.set("index_dropped", line.index_dropped);
-                packets.push_back(item);
-            }
-            if (compress_json) {
-                kv::json::Value value = kv::json::Value::object();
-                value.set("method", report.method);
-                value.set("quantization", report.quantization);
-                value.set("compressed", static_cast<int64_t>(report.packets.size()));
-                value.set("copied", report.copied);
-                value.set("tokens_before", before);
-                value.set("tokens_after", after);
-                value.set("bytes_before", report.bytes_before);
-                value.set("bytes_after", report.bytes_after);
-                value.set("seconds", report.seconds);
-                value.set("packets", packets);
-                kv::cli::write_report(value, output);
-            } else {
-                const std::string how =
-                    report.method.empty() ? "stored as " + report.quantization
-                    : report.quantization == "none"
-                        ? "with " + report.method
-                        : "with " + report.method + ", stored as " + report.quantization;
-                std::fprintf(stderr,
-                             "kvinspect: compressed %zu packet%s %s: %lld -> %lld tokens per "
-                             "head, %lld -> %lld bytes of keys and values%s%s\n",
-                             report.packets.size(), report.packets.size() == 1 ? "" : "s",
-                             how.c_str(), static_cast<long long>(before),
-                             static_cast<long long>(after),
-                             static_cast<long long>(report.bytes_before),
-                             static_cast<long long>(report.bytes_after),
-                             per_head ? ", tokens chosen per head" : "",
-                             dropped ? " (IceCache indexes dropped: run kvindex again)" : "");
-            }
             return 0;
         }
         kv::CacheWriteOptions options;
