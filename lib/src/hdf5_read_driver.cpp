@@ -150,6 +150,56 @@ haddr_t driver_get_eof(const H5FD_t* base, H5FD_mem_t) {
     return reinterpret_cast<const CheckedFile*>(base)->source.size;
 }
 
+// A version-1 object header (HDF5's earliest format, h5py's default) carries no checksum, and
+// HDF5 1.10 decodes its attribute messages trusting the sizes inside them (found by fuzzing: a
+// dataspace claiming 56 KB in a 72-byte message overflowed the heap). Walks the header's chunks
+// (following continuation messages) and checks that every message fits its chunk and every
+// attribute message holds its name, datatype and dataspace. Returns "" or the problem.
+std::string check_v1_object_header(const RawSource& source, uint64_t address,
+                                   const unsigned char* prefix) {
+    const uint64_t messages = load_le(prefix + 2, 2);
+    const uint64_t first_size = load_le(prefix + 8, 4);
+    std::vector<std::pair<uint64_t, uint64_t>> chunks = {{address + 16, first_size}};
+    std::string problem;
+    uint64_t seen = 0;
+    for (std::size_t next = 0; next < chunks.size(); ++next) {
+        // Anything that does not parse as a whole header is not judged here: bytes that only
+        // look like a header prefix (a continuation chunk starting with a dataspace message
+        // does), or a header HDF5 itself will find corrupt.
+        if (chunks.size() > 4096) return "";
+        const auto [start, length] = chunks[next];
+        if (start > source.size || length > source.size - start) return "";
+        std::vector<unsigned char> chunk(static_cast<std::size_t>(length));
+        if (!source.read(start, chunk.size(), chunk.data())) return "";
+        std::size_t at = 0;
+        while (at + 8 <= chunk.size()) {
+            const uint64_t type = load_le(&chunk[at], 2);
+            const uint64_t size = load_le(&chunk[at + 2], 2);
+            const std::size_t data = at + 8;
+            if (size > chunk.size() - data) return "";
+            ++seen;
+            if (type == 0x10 && size >= 16) {  // continuation: address, length
+                chunks.emplace_back(load_le(&chunk[data], 8), load_le(&chunk[data + 8], 8));
+            } else if (type == 0x0C && size >= 8 && problem.empty()) {  // attribute
+                const unsigned version = chunk[data];
+                const uint64_t name = load_le(&chunk[data + 2], 2);
+                const uint64_t datatype = load_le(&chunk[data + 4], 2);
+                const uint64_t dataspace = load_le(&chunk[data + 6], 2);
+                auto pad8 = [](uint64_t n) { return (n + 7) / 8 * 8; };
+                const uint64_t needed = version == 1
+                                            ? 8 + pad8(name) + pad8(datatype) + pad8(dataspace)
+                                        : version == 2 ? 8 + name + datatype + dataspace
+                                        : version == 3 ? 9 + name + datatype + dataspace
+                                                       : UINT64_MAX;
+                if (needed > size) problem = "an attribute message larger than its space";
+            }
+            at = data + static_cast<std::size_t>(size);
+        }
+        if (at != chunk.size()) return "";  // messages tile a real chunk exactly
+    }
+    return seen == messages ? problem : "";
+}
+
 herr_t driver_read(H5FD_t* base, H5FD_mem_t type, hid_t, haddr_t address, size_t size,
                    void* buffer) {
     const auto* file = reinterpret_cast<const CheckedFile*>(base);
@@ -160,6 +210,18 @@ herr_t driver_read(H5FD_t* base, H5FD_mem_t type, hid_t, haddr_t address, size_t
         address >= end ? 0 : static_cast<std::size_t>(std::min<uint64_t>(size, end - address));
     if (available > 0 && !file->source.read(address, available, buffer)) return -1;
     std::memset(static_cast<char*>(buffer) + available, 0, size - available);
+    // The prefix of a version-1 object header: version 1, a reserved zero, the message count,
+    // reference count and first chunk size, four zero bytes of padding.
+    if (type == H5FD_MEM_OHDR && size >= 16) {
+        const auto* bytes = static_cast<const unsigned char*>(buffer);
+        if (bytes[0] == 1 && bytes[1] == 0 && load_le(bytes + 12, 4) == 0) {
+            const std::string problem = check_v1_object_header(file->source, address, bytes);
+            if (!problem.empty()) {
+                last_problem() = "corrupt object header (" + problem + ")";
+                return -1;
+            }
+        }
+    }
     // HDF5 reads global heap collections as raw data (H5F_block_read maps the type).
     if (type == H5FD_MEM_DRAW || type == H5FD_MEM_GHEAP) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
@@ -295,14 +357,13 @@ H5T_conv_t& library_vlen_conversion() {
 // checked; a bad one fails the conversion instead of crashing H5HG_read (HDF5 1.10 only asserts
 // the index).
 herr_t guarded_vlen_conversion(hid_t source_type, hid_t target_type, H5T_cdata_t* data,
-                               size_t count, size_t stride, size_t background_stride,
-                               void* buffer, void* background, hid_t transfer) {
+                               size_t count, size_t stride, size_t background_stride, void* buffer,
+                               void* background, hid_t transfer) {
     const RawSource* source = guarded_source();
     if (data->command == H5T_CONV_CONV && source && buffer && count > 0 &&
         H5Tis_variable_str(source_type) > 0 && H5Tget_size(source_type) == 16) {
-        const std::string problem =
-            check_heap_id_bytes(*source, static_cast<const unsigned char*>(buffer), count,
-                                stride ? stride : 16);
+        const std::string problem = check_heap_id_bytes(
+            *source, static_cast<const unsigned char*>(buffer), count, stride ? stride : 16);
         if (!problem.empty()) {
             last_problem() = problem;
             return -1;
@@ -329,9 +390,9 @@ bool install_vlen_guard() {
         const hid_t longs = H5Tvlen_create(H5T_NATIVE_LLONG);
         H5T_cdata_t* data = nullptr;
         library_vlen_conversion() = H5Tfind(ints, longs, &data);
-        const bool ok = library_vlen_conversion() &&
-                        H5Tregister(H5T_PERS_SOFT, "kvtools-checked-vlen", ints, longs,
-                                    guarded_vlen_conversion) >= 0;
+        const bool ok =
+            library_vlen_conversion() && H5Tregister(H5T_PERS_SOFT, "kvtools-checked-vlen", ints,
+                                                     longs, guarded_vlen_conversion) >= 0;
         H5Tclose(ints);
         H5Tclose(longs);
         H5Eclear2(H5E_DEFAULT);
