@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string_view>
 
@@ -120,24 +121,51 @@ std::vector<std::byte> dequantize_tensor(const QuantizedTensor& tensor, CacheDty
     const int64_t code_bytes = dim * quantization.bits / 8;
     const std::size_t element = cache_dtype_size(dtype);
     std::vector<std::byte> out(static_cast<std::size_t>(planes * slots * dim) * element);
+    // Loading is the hot path (every read of a quantised file): codes unpacked a row at a time
+    // into floats, then stored with the dtype's conversion chosen once, not per value.
+    std::vector<float> values(static_cast<std::size_t>(dim));
+    auto store_row = [&](std::size_t row) {
+        std::byte* target = out.data() + row * element;
+        switch (dtype) {
+            case CacheDtype::f32:
+                std::memcpy(target, values.data(), values.size() * 4);
+                break;
+            case CacheDtype::bf16:
+                for (std::size_t i = 0; i < values.size(); ++i) {
+                    const uint16_t bits = float_to_bf16(values[i]);
+                    std::memcpy(target + 2 * i, &bits, 2);
+                }
+                break;
+            case CacheDtype::f16:
+                for (std::size_t i = 0; i < values.size(); ++i) {
+                    const uint16_t bits = float_to_f16(values[i]);
+                    std::memcpy(target + 2 * i, &bits, 2);
+                }
+                break;
+        }
+    };
     for (int64_t plane = 0; plane < planes; ++plane) {
         for (int64_t slot = 0; slot < quantized; ++slot) {
             const std::size_t in_row = static_cast<std::size_t>(plane * quantized + slot);
-            const std::size_t row = static_cast<std::size_t>((plane * slots + slot) * dim);
             const uint8_t* codes =
                 tensor.codes.data() + in_row * static_cast<std::size_t>(code_bytes);
-            for (int64_t g = 0; g < groups; ++g) {
-                const std::size_t at =
-                    in_row * static_cast<std::size_t>(groups) + static_cast<std::size_t>(g);
-                const float scale = tensor.scales[at];
-                const float offset = tensor.offsets[at];
-                for (int64_t i = g * group; i < (g + 1) * group; ++i) {
-                    const int code =
-                        quantization.bits == 8 ? codes[i] : (codes[i / 2] >> (i % 2 ? 4 : 0)) & 15;
-                    store_float(out.data(), dtype, row + static_cast<std::size_t>(i),
-                                static_cast<float>(code) * scale + offset);
+            if (quantization.bits == 8) {
+                for (int64_t i = 0; i < dim; ++i)
+                    values[static_cast<std::size_t>(i)] = codes[i];
+            } else {
+                for (int64_t i = 0; i < dim; i += 2) {
+                    values[static_cast<std::size_t>(i)] = static_cast<float>(codes[i / 2] & 15);
+                    values[static_cast<std::size_t>(i + 1)] = static_cast<float>(codes[i / 2] >> 4);
                 }
             }
+            const float* scales = tensor.scales.data() + in_row * static_cast<std::size_t>(groups);
+            const float* offsets =
+                tensor.offsets.data() + in_row * static_cast<std::size_t>(groups);
+            for (int64_t g = 0; g < groups; ++g)
+                for (int64_t i = g * group; i < (g + 1) * group; ++i)
+                    values[static_cast<std::size_t>(i)] =
+                        values[static_cast<std::size_t>(i)] * scales[g] + offsets[g];
+            store_row(static_cast<std::size_t>((plane * slots + slot) * dim));
         }
         const std::size_t row_bytes = static_cast<std::size_t>(dim) * element;
         for (int64_t slot = 0; slot < residual; ++slot)
