@@ -1006,10 +1006,14 @@ void write_quantized(const FileWriter& out, hid_t packet_group, const Packet& pa
                heads = static_cast<hsize_t>(m.num_kv_heads);
     // The codes read from a file, when nothing changed since: quantising their dequantised
     // values again would move them by rounding at every rewrite (kvindex, merge, append).
+    // Checked here, on the rare rewrite, rather than by hashing every load.
     const QuantizedPayload* stored = packet.stored_quantized.get();
+    auto unchanged = [&](const QuantizedTensor& tensor, const std::vector<std::byte>& bytes) {
+        return dequantize_tensor(tensor, m.dtype, planes, slots, m.head_dim, quantization) == bytes;
+    };
     const bool reuse = stored && stored->quantization == quantization &&
-                       stored->keys_digest == bytes_digest(packet.keys) &&
-                       stored->values_digest == bytes_digest(packet.values);
+                       unchanged(stored->keys, packet.keys) &&
+                       unchanged(stored->values, packet.values);
     for (const bool keys : {true, false}) {
         const QuantizedTensor tensor =
             reuse ? (keys ? stored->keys : stored->values)
@@ -1507,6 +1511,15 @@ const PacketInfo& CacheReader::packet_info(const std::string& id) const {
 namespace {
 
 // The packet's index group (6.5), or an empty index when it has none or one of another method.
+// The attributes of a packet's `quantized` group (section 6.6), unchecked.
+Quantization read_quantization(const FileReader& in, hid_t group) {
+    Quantization quantization;
+    quantization.bits = static_cast<int>(in.integer_attribute(group, "bits", "quantized"));
+    quantization.group_size = in.integer_attribute(group, "group_size", "quantized");
+    quantization.residual_tokens = in.integer_attribute(group, "residual_tokens", "quantized");
+    return quantization;
+}
+
 PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheModelInfo& m,
                        int64_t stored) {
     PacketIndex index;
@@ -1695,9 +1708,7 @@ Packet CacheReader::read(const std::string& id) const {
         Handle quantized = in.open_group(g, "quantized", "quantized");
         const hid_t q = quantized.get();
         Quantization& quantization = packet.quantization;
-        quantization.bits = static_cast<int>(in.integer_attribute(q, "bits", "quantized"));
-        quantization.group_size = in.integer_attribute(q, "group_size", "quantized");
-        quantization.residual_tokens = in.integer_attribute(q, "residual_tokens", "quantized");
+        quantization = read_quantization(in, q);
         try {
             check_quantization(quantization, m.head_dim, "quantized");
         } catch (const FormatError& error) {
@@ -1727,10 +1738,8 @@ Packet CacheReader::read(const std::string& id) const {
                                                     {layers, heads, quantized_slots, groups},
                                                     H5T_NATIVE_FLOAT);
             read_tensor(q, prefix + "residual", residual, tensor.residual);
-            std::vector<std::byte>& target = keys ? packet.keys : packet.values;
-            target = dequantize_tensor(tensor, m.dtype, planes, info.stored_length, m.head_dim,
-                                       quantization);
-            (keys ? payload->keys_digest : payload->values_digest) = bytes_digest(target);
+            (keys ? packet.keys : packet.values) = dequantize_tensor(
+                tensor, m.dtype, planes, info.stored_length, m.head_dim, quantization);
         }
         packet.stored_quantized = std::move(payload);
     } else {
@@ -1759,42 +1768,32 @@ Packet CacheReader::read(const std::string& id) const {
     return packet;
 }
 
-bool CacheReader::has_index(const std::string& id) const {
+bool CacheReader::packet_has(const std::string& id, const char* child) const {
     const State& s = *state_;
     packet_info(id);
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/index";
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/" + child;
     const Lock lock = lock_hdf5();
     const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
     if (exists < 0) H5Eclear2(H5E_DEFAULT);
     return exists > 0;
+}
+
+bool CacheReader::has_index(const std::string& id) const {
+    return packet_has(id, "index");
 }
 
 Quantization CacheReader::quantization(const std::string& id) const {
     const State& s = *state_;
-    packet_info(id);
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
     const Lock lock = lock_hdf5();
-    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
-    if (exists < 0) H5Eclear2(H5E_DEFAULT);
-    Quantization quantization;
-    if (exists <= 0) return quantization;
+    if (!packet_has(id, "quantized")) return {};
     const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
     Handle group = in.open_group(s.file.get(), path, path);
-    quantization.bits = static_cast<int>(in.integer_attribute(group.get(), "bits", "quantized"));
-    quantization.group_size = in.integer_attribute(group.get(), "group_size", "quantized");
-    quantization.residual_tokens =
-        in.integer_attribute(group.get(), "residual_tokens", "quantized");
-    return quantization;
+    return read_quantization(in, group.get());
 }
 
 bool CacheReader::has_head_positions(const std::string& id) const {
-    const State& s = *state_;
-    packet_info(id);
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/head_lengths";
-    const Lock lock = lock_hdf5();
-    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
-    if (exists < 0) H5Eclear2(H5E_DEFAULT);
-    return exists > 0;
+    return packet_has(id, "head_lengths");
 }
 
 // ---------------------------------------------------------------------------------------------

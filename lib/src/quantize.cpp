@@ -7,8 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
-#include <string_view>
 
 namespace kv {
 
@@ -45,11 +43,6 @@ void check_quantization(const Quantization& quantization, int64_t head_dim,
                           std::to_string(quantization.group_size) + " does not divide head_dim " +
                           std::to_string(head_dim));
     if (quantization.residual_tokens < 0) throw FormatError(what + ": negative residual_tokens");
-}
-
-uint64_t bytes_digest(const std::vector<std::byte>& bytes) {
-    return std::hash<std::string_view>{}(
-        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 QuantizedTensor quantize_tensor(const std::byte* data, CacheDtype dtype, int64_t planes,

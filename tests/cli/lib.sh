@@ -16,3 +16,13 @@ require_files() {
 
 # kvtools' own demo model, committed in the repository: tests that use it always run.
 demo=$KV_SOURCE_DIR/models/demo
+
+# Skips the case (exit 77) unless Debian's Python has h5py and numpy, and points h5py at the zstd
+# filter kvtools builds (Debian's hdf5plugin ships no filter binaries).
+require_h5py() {
+    if ! /usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null; then
+        echo "skipped: /usr/bin/python3 lacks h5py or numpy" >&2
+        exit 77
+    fi
+    export HDF5_PLUGIN_PATH=$KV_BIN/../lib/hdf5-plugins
+}

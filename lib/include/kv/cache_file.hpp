@@ -169,6 +169,8 @@ class CacheReader {
     Quantization quantization(const std::string& id) const;
 
   private:
+    bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset
+
     struct State;
     std::unique_ptr<State> state_;
 };

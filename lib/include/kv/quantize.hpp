@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,16 +41,13 @@ struct QuantizedTensor {
     std::vector<std::byte> residual;  ///< [planes, slots - quantized_slots, dim] in the dtype
 };
 
-/// A packet's quantised tensors as read from a file, with a digest of what they dequantised to:
-/// a writer given the same keys and values writes these codes back instead of quantising the
-/// dequantised values again (which would move them by rounding at every rewrite).
+/// A packet's quantised tensors as read from a file: a writer given keys and values they still
+/// dequantise to writes these codes back instead of quantising the dequantised values again
+/// (which would move them by rounding at every rewrite).
 struct QuantizedPayload {
     Quantization quantization;
     QuantizedTensor keys, values;
-    uint64_t keys_digest = 0, values_digest = 0;
 };
-/// An in-process digest of a byte range (not stored anywhere).
-uint64_t bytes_digest(const std::vector<std::byte>& bytes);
 
 /// Throws FormatError when a group spans more than float32 can scale (values near 1e38).
 QuantizedTensor quantize_tensor(const std::byte* data, CacheDtype dtype, int64_t planes,

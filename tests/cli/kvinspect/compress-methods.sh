@@ -2,11 +2,7 @@
 # sound file; rules whose heads choose differently store per-head positions (format 1.2), and
 # h5py reads them as formats/kvcache.md 6.3 says.
 . "$KV_CLI_LIB"
-if ! /usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null; then
-    echo "skipped: /usr/bin/python3 lacks h5py or numpy" >&2
-    exit 77
-fi
-export HDF5_PLUGIN_PATH=$KV_BIN/../lib/hdf5-plugins
+require_h5py
 for i in 1 2 3; do
     text="Document $i."
     for fact in "the code of Ada is 4861$i" "Bob lives in Paris with a red cat" "the river runs to the sea" \

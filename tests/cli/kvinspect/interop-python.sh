@@ -3,12 +3,7 @@
 # the layout of formats/kvcache.md; and kvinspect export's safetensors, parsed with numpy alone,
 # hold the same tensors.
 . "$KV_CLI_LIB"
-if ! /usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null; then
-    echo "skipped: /usr/bin/python3 lacks h5py or numpy" >&2
-    exit 77
-fi
-# Debian's hdf5plugin ships no filter binaries: use the zstd plugin kvtools builds.
-export HDF5_PLUGIN_PATH=$KV_BIN/../lib/hdf5-plugins
+require_h5py
 corpus=$KV_SOURCE_DIR/tests/data/kvcache/good
 cases="0001_minimal 0002_f32_zstd 0003_bf16 0004_f16 0006_compressed_and_adapter 0007_gzip_big_endian_earliest 0010_many_packets"
 for name in $cases; do

@@ -2,11 +2,7 @@
 # original, decode, and survive rewrites (kvindex) with their codes unchanged; h5py dequantises
 # them to what kvtools reads; bad settings are refused.
 . "$KV_CLI_LIB"
-if ! /usr/bin/python3 -c 'import h5py, numpy' 2>/dev/null; then
-    echo "skipped: /usr/bin/python3 lacks h5py or numpy" >&2
-    exit 77
-fi
-export HDF5_PLUGIN_PATH=$KV_BIN/../lib/hdf5-plugins
+require_h5py
 for i in 1 2 3; do
     text="Document $i says the code of Ada is 4861$i. Bob lives in Paris and keeps a red cat."
     echo "{\"id\": \"d$i\", \"text\": \"$text $text $text $text $text $text $text $text\"}"
