@@ -132,29 +132,30 @@ void add_compression_options(CLI::App& app, CompressionSettings& settings) {
     app.add_option("--seed", settings.seed, "Seed of random's scores and leverage's sketch")
         ->default_val(0)
         ->group(group);
-    app.add_option("--sinks", settings.sinks, "streaming, expected, cur: first tokens always kept")
-        ->default_val(4)
-        ->group(group);
-    app.add_option("--window-size", settings.window_size,
-                   "snapkv: last queries whose attention scores the others")
-        ->default_val(64)
-        ->group(group);
-    app.add_option("--kernel-size", settings.kernel_size,
-                   "snapkv: width of the average pooling of its scores (odd)")
-        ->default_val(5)
-        ->group(group);
-    app.add_option("--future-positions", settings.future_positions,
-                   "expected: positions its query statistics are rotated over")
-        ->default_val(512)
-        ->group(group);
-    app.add_option("--sketch-dimension", settings.sketch_dimension,
-                   "leverage: width of the Gaussian sketch of the keys")
-        ->default_val(48)
-        ->group(group);
-    app.add_option("--local-window", settings.local_window,
-                   "cur: norms are normalised inside windows of this many tokens")
-        ->default_val(16)
-        ->group(group);
+    // The rules' parameters, each with kvpress's default.
+    const struct {
+        const char* name;
+        int64_t CompressionSettings::*field;
+        int64_t default_value;
+        const char* help;
+    } parameters[] = {
+        {"--sinks", &CompressionSettings::sinks, 4,
+         "streaming, expected, cur: first tokens always kept"},
+        {"--window-size", &CompressionSettings::window_size, 64,
+         "snapkv: last queries whose attention scores the others"},
+        {"--kernel-size", &CompressionSettings::kernel_size, 5,
+         "snapkv: width of the average pooling of its scores (odd)"},
+        {"--future-positions", &CompressionSettings::future_positions, 512,
+         "expected: positions its query statistics are rotated over"},
+        {"--sketch-dimension", &CompressionSettings::sketch_dimension, 48,
+         "leverage: width of the Gaussian sketch of the keys"},
+        {"--local-window", &CompressionSettings::local_window, 16,
+         "cur: norms are normalised inside windows of this many tokens"},
+    };
+    for (const auto& parameter : parameters)
+        app.add_option(parameter.name, settings.*parameter.field, parameter.help)
+            ->default_val(parameter.default_value)
+            ->group(group);
 }
 
 void add_verbosity_options(CLI::App& app, Verbosity& options) {
