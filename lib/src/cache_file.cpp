@@ -4,6 +4,7 @@
 #include "hdf5_zstd.hpp"
 #include "kv/error.hpp"
 #include "kv/mapped_file.hpp"
+#include "kv/sha256.hpp"
 #include "utf8.hpp"
 
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -39,13 +41,15 @@ namespace {
 constexpr const char* format_name = "kvtools-kvcache";
 constexpr int format_major = 1;
 // Writers write the lowest version that describes the file: 1.0, 1.1 once a packet has an index
-// (6.5), 1.2 once one keeps different tokens per head (6.3), 1.3 once one is quantised (6.6).
-constexpr int format_minor = 3;
+// (6.5), 1.2 once one keeps different tokens per head (6.3), 1.3 once one is quantised (6.6),
+// 1.4 when the file holds an adapter (6.7).
+constexpr int format_minor = 4;
 constexpr int index_minor = 1;
 constexpr int ragged_minor = 2;
 constexpr const char* ragged_feature = "ragged-heads";
 constexpr int quantized_minor = 3;
 constexpr const char* quantized_feature = "quantized-kv";
+constexpr int adapter_minor = 4;
 constexpr int64_t max_1d_chunk = 65536;
 /// Features this reader implements.
 const std::set<std::string> known_features = {ragged_feature, quantized_feature};
@@ -722,6 +726,7 @@ struct CacheWriter::State {
     bool has_index = false;
     bool has_ragged = false;
     bool has_quantized = false;
+    std::optional<Adapter> adapter;
 
     void discard() {  // with the HDF5 lock held
         packets.reset();
@@ -1161,6 +1166,70 @@ void CacheWriter::add(const Packet& packet) {
                        packet.adapter_fingerprint, packet.header_tokens, packet.trailer_tokens});
 }
 
+namespace {
+
+// Why `adapter` cannot be stored, or "".
+std::string adapter_problem(const Adapter& adapter) {
+    if (adapter.hidden_size <= 0) return "hidden size " + std::to_string(adapter.hidden_size);
+    const std::size_t width = static_cast<std::size_t>(adapter.hidden_size);
+    for (const auto* vectors : {&adapter.header, &adapter.trailer})
+        if (vectors->size() % width != 0)
+            return std::to_string(vectors->size()) + " values are not rows of " +
+                   std::to_string(width);
+    if (adapter.header.empty() && adapter.trailer.empty()) return "no soft tokens";
+    for (const auto* vectors : {&adapter.header, &adapter.trailer})
+        for (float value : *vectors)
+            if (!std::isfinite(value)) return "a soft token holds a value that is not finite";
+    if (adapter.has_optimizer_state() &&
+        (adapter.header_moment.size() != adapter.header.size() ||
+         adapter.header_second_moment.size() != adapter.header.size() ||
+         adapter.trailer_moment.size() != adapter.trailer.size() ||
+         adapter.trailer_second_moment.size() != adapter.trailer.size() ||
+         adapter.optimizer_step < 0))
+        return "optimizer state does not match the soft tokens";
+    return "";
+}
+
+void write_adapter(const FileWriter& out, hid_t root, const Adapter& adapter,
+                   const CacheWriteOptions& options) {
+    Handle group = out.create_group(root, "adapter");
+    const hid_t g = group.get();
+    out.write_string(g, "fingerprint", adapter.fingerprint());
+    out.write_integer(g, "header_tokens", adapter.header_tokens());
+    out.write_integer(g, "trailer_tokens", adapter.trailer_tokens());
+    out.write_integer(g, "hidden_size", adapter.hidden_size);
+    out.write_double(g, "init_mean", adapter.init_mean);
+    out.write_double(g, "init_std", adapter.init_std);
+    out.write_string(g, "training", adapter.training);
+    const hsize_t width = static_cast<hsize_t>(adapter.hidden_size);
+    auto write_rows = [&](hid_t parent, const char* name, const std::vector<float>& values) {
+        const hsize_t rows = values.size() / width;
+        out.write_dataset(parent, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {rows, width},
+                          {std::max<hsize_t>(rows, 1), width}, options, true, values.data());
+    };
+    write_rows(g, "header", adapter.header);
+    write_rows(g, "trailer", adapter.trailer);
+    if (adapter.has_optimizer_state()) {
+        Handle optimizer = out.create_group(g, "optimizer");
+        out.write_integer(optimizer.get(), "step", adapter.optimizer_step);
+        write_rows(optimizer.get(), "header_moment", adapter.header_moment);
+        write_rows(optimizer.get(), "header_second_moment", adapter.header_second_moment);
+        write_rows(optimizer.get(), "trailer_moment", adapter.trailer_moment);
+        write_rows(optimizer.get(), "trailer_second_moment", adapter.trailer_second_moment);
+    }
+}
+
+}  // namespace
+
+void CacheWriter::set_adapter(const Adapter& adapter) {
+    State& s = *state_;
+    if (s.finished) throw UsageError("cannot add an adapter to a finished cache file");
+    if (s.adapter) throw UsageError(s.source + ": a cache file holds at most one adapter");
+    const std::string problem = adapter_problem(adapter);
+    if (!problem.empty()) throw FormatError(s.source + ": cannot store the adapter: " + problem);
+    s.adapter = adapter;
+}
+
 void CacheWriter::finish() {
     State& s = *state_;
     if (s.finished) throw UsageError("the cache file was already finished");
@@ -1195,10 +1264,12 @@ void CacheWriter::finish() {
         out.write_string_dataset(index.get(), "adapter_fingerprint", adapters, s.options);
         index.reset();
 
-        const int minor = s.has_quantized ? quantized_minor
-                          : s.has_ragged  ? ragged_minor
-                          : s.has_index   ? index_minor
-                                          : 0;
+        if (s.adapter) write_adapter(out, s.file.get(), *s.adapter, s.options);
+        const int minor = s.adapter         ? adapter_minor
+                          : s.has_quantized ? quantized_minor
+                          : s.has_ragged    ? ragged_minor
+                          : s.has_index     ? index_minor
+                                            : 0;
         if (minor > 0) {
             if (H5Adelete(s.file.get(), "format_version") < 0)
                 out.fail_hdf5("cannot update the format version");
@@ -1790,6 +1861,84 @@ Quantization CacheReader::quantization(const std::string& id) const {
     const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
     Handle group = in.open_group(s.file.get(), path, path);
     return read_quantization(in, group.get());
+}
+
+bool CacheReader::has_adapter() const {
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(state_->file.get(), "adapter", H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+Adapter CacheReader::read_adapter() const {
+    const State& s = *state_;
+    if (!has_adapter())
+        throw FormatError(s.source + " holds no adapter (kvtrain writes adapter files)");
+    const Lock lock = lock_hdf5();
+    const FileReader in(s.source, s.raw_checks ? &s.raw : nullptr);
+    Handle group = in.open_group(s.file.get(), "adapter", "/adapter");
+    const hid_t g = group.get();
+    Adapter adapter;
+    const std::string fingerprint = in.string_attribute(g, "fingerprint", "/adapter");
+    const int64_t header_tokens = in.integer_attribute(g, "header_tokens", "/adapter");
+    const int64_t trailer_tokens = in.integer_attribute(g, "trailer_tokens", "/adapter");
+    adapter.hidden_size = in.integer_attribute(g, "hidden_size", "/adapter");
+    adapter.init_mean = FileReader::has_attribute(g, "init_mean")
+                            ? in.float_attribute(g, "init_mean", "/adapter")
+                            : 0.0;
+    adapter.init_std = FileReader::has_attribute(g, "init_std")
+                           ? in.float_attribute(g, "init_std", "/adapter")
+                           : 0.0;
+    adapter.training = in.string_attribute_or(g, "training", "/adapter", "");
+    constexpr int64_t most_tokens = 1 << 16, widest = 1 << 20;
+    for (const auto& [name, value, most] :
+         {std::tuple<const char*, int64_t, int64_t>{"header_tokens", header_tokens, most_tokens},
+          {"trailer_tokens", trailer_tokens, most_tokens},
+          {"hidden_size", adapter.hidden_size, widest}})
+        if (value < 0 || value > most || (value == 0 && std::string(name) == "hidden_size"))
+            in.fail("/adapter: invalid " + std::string(name) + " " + std::to_string(value));
+    const hsize_t width = static_cast<hsize_t>(adapter.hidden_size);
+    auto rows = [&](hid_t parent, const char* name, const std::string& where, int64_t count) {
+        return in.numeric_dataset<float>(parent, name, where + "/" + name,
+                                         {static_cast<hsize_t>(count), width}, H5T_NATIVE_FLOAT);
+    };
+    adapter.header = rows(g, "header", "/adapter", header_tokens);
+    adapter.trailer = rows(g, "trailer", "/adapter", trailer_tokens);
+    if (H5Lexists(g, "optimizer", H5P_DEFAULT) > 0) {
+        Handle optimizer = in.open_group(g, "optimizer", "/adapter/optimizer");
+        const hid_t o = optimizer.get();
+        const std::string where = "/adapter/optimizer";
+        adapter.optimizer_step = in.integer_attribute(o, "step", where);
+        adapter.header_moment = rows(o, "header_moment", where, header_tokens);
+        adapter.header_second_moment = rows(o, "header_second_moment", where, header_tokens);
+        adapter.trailer_moment = rows(o, "trailer_moment", where, trailer_tokens);
+        adapter.trailer_second_moment = rows(o, "trailer_second_moment", where, trailer_tokens);
+    }
+    H5Eclear2(H5E_DEFAULT);
+    const std::string problem = adapter_problem(adapter);
+    if (!problem.empty()) in.fail("/adapter: " + problem);
+    if (adapter.fingerprint() != fingerprint)
+        in.fail(
+            "/adapter: the soft tokens do not match the adapter's fingerprint (the file is "
+            "damaged)");
+    return adapter;
+}
+
+int64_t Adapter::header_tokens() const {
+    return hidden_size > 0 ? static_cast<int64_t>(header.size()) / hidden_size : 0;
+}
+
+int64_t Adapter::trailer_tokens() const {
+    return hidden_size > 0 ? static_cast<int64_t>(trailer.size()) / hidden_size : 0;
+}
+
+std::string Adapter::fingerprint() const {
+    Sha256 hash;
+    hash.update("kvtools-adapter-v1\n" + std::to_string(header_tokens()) + " " +
+                std::to_string(trailer_tokens()) + " " + std::to_string(hidden_size) + "\n");
+    hash.update(header.data(), header.size() * sizeof(float));
+    hash.update(trailer.data(), trailer.size() * sizeof(float));
+    return hash.hex();
 }
 
 bool CacheReader::has_head_positions(const std::string& id) const {

@@ -13,7 +13,7 @@ int main(int argc, char** argv) {
     kv::cli::ComputeOptions compute;
     kv::cli::Verbosity verbosity;
     kv::BakeOptions options;
-    std::string output = "-", shard, compress_method;
+    std::string output = "-", shard, compress_method, adapter;
     bool no_bos = false, json_report = false;
     kv::CompressionSettings compression;
     CLI::App* command = nullptr;
@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
                                                   : std::string();
             });
         app.add_flag("--no-bos", no_bos, "Do not start packets with the BOS token");
+        app.add_option("--adapter", adapter,
+                       "Wrap every document as a KV Packet [header][document][trailer] with this "
+                       "adapter file (kvtrain); packets then start with the header, not BOS");
         app.add_option("--batch-tokens", options.batch_tokens,
                        "Most tokens per forward pass; shorter documents are packed together")
             ->default_val(512)
@@ -61,6 +64,7 @@ int main(int argc, char** argv) {
         if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
         options.output = output;
         options.add_bos = !no_bos;
+        if (!adapter.empty()) options.adapter = adapter;
         options.threads = compute.threads;
         options.device = compute.device;
         options.dtype = compute.dtype;

@@ -106,6 +106,29 @@ struct PacketInfo {
     int64_t trailer_tokens = 0;
 };
 
+/// KV Packet's adapter (formats/kvcache.md 6.7): header and trailer soft tokens, vectors in the
+/// model's input-embedding space that kvbake --adapter wraps every document in and kvtrain
+/// learns. It lives in a cache file of its own (no packets), beside the model's fingerprint.
+struct Adapter {
+    int64_t hidden_size = 0;
+    std::vector<float> header;   ///< [header_tokens, hidden_size], row-major
+    std::vector<float> trailer;  ///< [trailer_tokens, hidden_size]
+    double init_mean = 0;        ///< the normal distribution it was initialised from
+    double init_std = 0;
+    std::string training;  ///< compact JSON: how kvtrain trained it so far ("" when untrained)
+    /// AdamW's state, kept in checkpoints so that training resumes exactly; empty otherwise.
+    int64_t optimizer_step = 0;
+    std::vector<float> header_moment, header_second_moment;
+    std::vector<float> trailer_moment, trailer_second_moment;
+
+    int64_t header_tokens() const;
+    int64_t trailer_tokens() const;
+    bool has_optimizer_state() const { return !header_moment.empty(); }
+    /// Hex SHA-256 of the token counts, the width and the vectors' float32 bytes: what packets
+    /// record as adapter_fingerprint (training state and notes do not change it).
+    std::string fingerprint() const;
+};
+
 struct CacheWriteOptions {
     int zstd_level = 3;          ///< 0: no compression
     bool shuffle = true;         ///< byte shuffle before zstd (helps float data)
@@ -131,6 +154,9 @@ class CacheWriter {
 
     /// Adds a packet; throws UsageError on a duplicate id, FormatError on inconsistent sizes.
     void add(const Packet& packet);
+    /// Stores an adapter in the file (at most one; written by finish()). Throws FormatError when
+    /// its shapes are inconsistent or a value is not finite.
+    void set_adapter(const Adapter& adapter);
     /// Marks the file complete, flushes, and renames it into place (or writes it to stdout).
     void finish();
 
@@ -167,6 +193,11 @@ class CacheReader {
     bool has_head_positions(const std::string& id) const;
     /// How the packet's keys and values are stored (section 6.6), without reading them.
     Quantization quantization(const std::string& id) const;
+    /// Whether the file holds an adapter (section 6.7).
+    bool has_adapter() const;
+    /// Reads the adapter, checking its shapes and that the vectors match its fingerprint;
+    /// throws FormatError when the file holds none or it is damaged.
+    Adapter read_adapter() const;
 
   private:
     bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset

@@ -2,6 +2,7 @@
 
 #include "kv/documents.hpp"
 #include "kv/error.hpp"
+#include "kv/model/adapter.hpp"
 #include "kv/model/compress.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/runtime.hpp"
@@ -22,15 +23,23 @@ struct Tokenized {
     std::vector<int32_t> ids;
 };
 
+struct BakeAdapter {
+    AdapterTensors tensors;
+    std::string fingerprint;
+    int64_t header_tokens = 0;
+    int64_t trailer_tokens = 0;
+};
+
 // Bakes `batch` (documents whose tokens add up to at most batch_tokens, or one longer document)
 // and hands each packet to the writer, in input order.
 void bake_batch(const Model& model, const std::vector<Tokenized>& batch,
-                const CacheModelInfo& cache_info, int64_t chunk,
+                const CacheModelInfo& cache_info, int64_t chunk, const BakeAdapter* adapter,
                 const CompressionSettings* compress, CacheWriter& writer, int64_t& stored_tokens) {
     torch::NoGradGuard no_grad;
+    const int64_t wrapping = adapter ? adapter->header_tokens + adapter->trailer_tokens : 0;
     int64_t total = 0;
     for (const Tokenized& item : batch)
-        total += static_cast<int64_t>(item.ids.size());
+        total += static_cast<int64_t>(item.ids.size()) + wrapping;
     KvCache cache = model.new_cache(total);
     std::unique_ptr<QueryRecorder> recorder;
     if (compress && compression_needs_queries(compress->method)) {
@@ -39,29 +48,50 @@ void bake_batch(const Model& model, const std::vector<Tokenized>& batch,
         recorder = std::make_unique<QueryRecorder>(*compress, model.rope(), cache_info.num_layers);
     }
     if (batch.size() == 1) {
-        model.prefill(batch.front().ids, cache, chunk, nullptr, recorder.get());
+        const torch::Tensor embeddings =
+            wrap_document(model, adapter ? &adapter->tensors : nullptr, batch.front().ids);
+        // In chunks from position 0, as prefill() does, to bound the attention's memory.
+        for (int64_t begin = 0; begin < total; begin += chunk) {
+            const int64_t count = std::min(chunk, total - begin);
+            model.forward(embeddings.narrow(0, begin, count),
+                          torch::arange(begin, begin + count, torch::kInt64), cache, {}, nullptr,
+                          recorder.get());
+        }
     } else {
-        std::vector<int32_t> ids;
+        std::vector<torch::Tensor> embeddings;
         std::vector<int64_t> positions;
         torch::Tensor allow = torch::zeros({total, total}, torch::kBool);
         int64_t begin = 0;
         for (const Tokenized& item : batch) {
-            const int64_t count = static_cast<int64_t>(item.ids.size());
-            ids.insert(ids.end(), item.ids.begin(), item.ids.end());
+            embeddings.push_back(
+                wrap_document(model, adapter ? &adapter->tensors : nullptr, item.ids));
+            const int64_t count = embeddings.back().size(0);
             for (int64_t i = 0; i < count; ++i)
                 positions.push_back(i);
             allow.narrow(0, begin, count).narrow(1, begin, count).fill_(true);
             begin += count;
         }
-        model.forward(model.embed(ids), torch::tensor(positions, torch::kInt64), cache, allow);
+        model.forward(torch::cat(embeddings), torch::tensor(positions, torch::kInt64), cache,
+                      allow);
     }
     int64_t begin = 0;
     for (const Tokenized& item : batch) {
-        const int64_t count = static_cast<int64_t>(item.ids.size());
+        const int64_t count = static_cast<int64_t>(item.ids.size()) + wrapping;
         Packet packet;
         packet.id = item.document->id;
         packet.text_sha256 = sha256_hex(item.document->text);
-        packet.token_ids = item.ids;
+        if (adapter) {
+            // Soft tokens have no vocabulary id (formats/kvcache.md 6.2).
+            packet.token_ids.assign(static_cast<std::size_t>(adapter->header_tokens), -1);
+            packet.token_ids.insert(packet.token_ids.end(), item.ids.begin(), item.ids.end());
+            packet.token_ids.insert(packet.token_ids.end(),
+                                    static_cast<std::size_t>(adapter->trailer_tokens), -1);
+            packet.adapter_fingerprint = adapter->fingerprint;
+            packet.header_tokens = adapter->header_tokens;
+            packet.trailer_tokens = adapter->trailer_tokens;
+        } else {
+            packet.token_ids = item.ids;
+        }
         packet.positions.resize(static_cast<std::size_t>(count));
         for (int64_t i = 0; i < count; ++i)
             packet.positions[i] = i;
@@ -126,8 +156,17 @@ BakeReport bake(const BakeOptions& options) {
             throw MismatchError("cannot append to " + store->source() + ": " + error.what());
         }
     }
-    const int64_t context = model.config().max_position_embeddings;
-    const bool with_bos = options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
+    std::optional<BakeAdapter> adapter;
+    if (options.adapter) {
+        const Adapter loaded = load_adapter(*options.adapter, model, runtime.cache_info);
+        adapter = BakeAdapter{adapter_tensors(loaded, model.device()), loaded.fingerprint(),
+                              loaded.header_tokens(), loaded.trailer_tokens()};
+    }
+    const int64_t wrapping = adapter ? adapter->header_tokens + adapter->trailer_tokens : 0;
+    const int64_t context = model.config().max_position_embeddings - wrapping;
+    // A wrapped document starts with the header, its attention sink, never with BOS.
+    const bool with_bos =
+        !adapter && options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
 
     const auto start = Clock::now();
     std::vector<Tokenized> tokenized;
@@ -142,10 +181,11 @@ BakeReport bake(const BakeOptions& options) {
         }
         if (static_cast<int64_t>(item.ids.size()) > context) {
             if (!options.truncate) {
-                problems.report(MismatchError(describe(*document) + " is " +
-                                              std::to_string(item.ids.size()) +
-                                              " tokens, the model's context is " +
-                                              std::to_string(context) + " (--truncate cuts it)"));
+                problems.report(
+                    MismatchError(describe(*document) + " is " + std::to_string(item.ids.size()) +
+                                  " tokens, the model's context is " + std::to_string(context) +
+                                  (wrapping ? " beside the adapter's soft tokens" : "") +
+                                  " (--truncate cuts it)"));
                 continue;
             }
             item.ids.resize(static_cast<std::size_t>(context));
@@ -172,7 +212,8 @@ BakeReport bake(const BakeOptions& options) {
     auto flush = [&] {
         if (batch.empty()) return;
         bake_batch(model, batch, runtime.cache_info, options.batch_tokens,
-                   options.compress ? &*options.compress : nullptr, writer, report.stored_tokens);
+                   adapter ? &*adapter : nullptr, options.compress ? &*options.compress : nullptr,
+                   writer, report.stored_tokens);
         progress.documents_done += static_cast<int64_t>(batch.size());
         progress.tokens_done += batch_size;
         progress.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -307,19 +307,36 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
     }
 }
 
-torch::Tensor Model::forward_sequence(
-    const torch::Tensor& embeddings, const torch::Tensor& positions, const torch::Tensor& allow,
-    std::vector<std::pair<torch::Tensor, torch::Tensor>>* keys_values) const {
+torch::Tensor Model::forward_sequence(const torch::Tensor& embeddings,
+                                      const torch::Tensor& positions, const torch::Tensor& allow,
+                                      LayerKeysValues* keys_values, const LayerKeysValues* past,
+                                      const torch::Tensor& past_positions) const {
     torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
     if (positions_here.dim() != 1 || positions_here.size(0) != x.size(0))
         throw Error("forward_sequence: positions must be [tokens]");
-    const AttentionMask mask{positions_here, positions_here, config_.sliding_window, allow, {}};
+    torch::Tensor key_positions = positions_here;
+    if (past) {
+        if (past->size() != layers_.size())
+            throw Error("forward_sequence: past holds " + std::to_string(past->size()) +
+                        " layers, the model has " + std::to_string(layers_.size()));
+        const torch::Tensor before = past_positions.to(device_, torch::kInt64);
+        if (before.dim() != 1 || before.size(0) != past->front().first.size(1))
+            throw Error("forward_sequence: past positions must be [past tokens]");
+        key_positions = torch::cat({before, positions_here});
+    }
+    const AttentionMask mask{positions_here, key_positions, config_.sliding_window, allow, {}};
     if (keys_values) keys_values->clear();
-    for (const Layer& layer : layers_) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+        const Layer& layer = layers_[i];
         const Projected projected = project(layer, x, positions_here);
         if (keys_values) keys_values->emplace_back(projected.keys, projected.values);
-        x = x + attend(layer, projected.queries, projected.keys, projected.values, mask);
+        torch::Tensor keys = projected.keys, values = projected.values;
+        if (past) {
+            keys = torch::cat({(*past)[i].first.to(keys.scalar_type()), keys}, 1);
+            values = torch::cat({(*past)[i].second.to(values.scalar_type()), values}, 1);
+        }
+        x = x + attend(layer, projected.queries, keys, values, mask);
         x = x + mlp_block(layer, x);
     }
     return rms_norm(x, final_norm_, config_.rms_norm_eps);

@@ -30,7 +30,10 @@ struct BakeOptions {
     std::vector<std::string> inputs;  ///< text files, "-" (stdin) or .jsonl files
     std::filesystem::path output;     ///< "-": standard output
     bool add_bos = true;              ///< start each packet with BOS when the tokenizer uses one
-    int64_t shard_index = 0;          ///< bake documents whose ordinal % shard_count == shard_index
+    /// A KV Packet adapter file (kvtrain): every document is baked wrapped as [header][document]
+    /// [trailer], from position 0 and without BOS (the header is the packet's attention sink).
+    std::optional<std::filesystem::path> adapter;
+    int64_t shard_index = 0;  ///< bake documents whose ordinal % shard_count == shard_index
     int64_t shard_count = 1;
     int64_t batch_tokens = 512;  ///< most tokens per forward pass when packing documents
     /// Skip bad documents (unreadable, malformed, not UTF-8, empty, duplicate, too long) and

@@ -108,15 +108,21 @@ class Model {
                           SparseAttention* sparse = nullptr,
                           QueryObserver* observer = nullptr) const;
 
-    /// The same computation as forward() over one whole sequence and no cache, built only from
-    /// differentiable libtorch operations: gradients reach the embeddings (kvtrain's adapters) and
-    /// any weight that requires them (the demo model's trainer). `allow` [T, T] (optional) further
-    /// restricts attention, e.g. block-diagonal for packets. When `keys_values` is given it
-    /// receives each layer's post-RoPE keys and values [Hkv, T, D].
-    torch::Tensor forward_sequence(
-        const torch::Tensor& embeddings, const torch::Tensor& positions,
-        const torch::Tensor& allow = {},
-        std::vector<std::pair<torch::Tensor, torch::Tensor>>* keys_values = nullptr) const;
+    /// Per layer, keys (after RoPE) and values [Hkv, S, D] of tokens before a sequence.
+    using LayerKeysValues = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
+
+    /// The same computation as forward() over one whole sequence, built only from
+    /// differentiable libtorch operations: gradients reach the embeddings (kvtrain's adapters),
+    /// `past` and any weight that requires them (the demo model's trainer). `allow` [T, S + T]
+    /// (optional) further restricts attention, e.g. block-diagonal for packets. `past` (optional)
+    /// holds tokens before the sequence at `past_positions` [S], which every token may see (the
+    /// causal rule by position still applies). When `keys_values` is given it receives each
+    /// layer's post-RoPE keys and values [Hkv, T, D] of the sequence itself.
+    torch::Tensor forward_sequence(const torch::Tensor& embeddings, const torch::Tensor& positions,
+                                   const torch::Tensor& allow = {},
+                                   LayerKeysValues* keys_values = nullptr,
+                                   const LayerKeysValues* past = nullptr,
+                                   const torch::Tensor& past_positions = {}) const;
 
     /// The input embedding matrix [vocab, hidden] in the compute dtype.
     const torch::Tensor& input_embeddings() const { return embed_tokens_; }

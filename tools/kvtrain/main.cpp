@@ -1,0 +1,147 @@
+// kvtrain: learn KV Packet's header/trailer adapters for a model by self-distillation.
+#include "kv/api/train.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+#include "tool.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+    kv::cli::ModelOptions model;
+    kv::cli::ComputeOptions compute;
+    kv::cli::Verbosity verbosity;
+    kv::TrainOptions options;
+    std::string data, output, teacher_file, answer_stop = "eos";
+    bool json_report = false;
+
+    auto configure = [&](CLI::App& app) {
+        kv::cli::add_model_options(app, model);
+        app.add_option("--data", data,
+                       "Training samples, JSONL: {\"documents\": [\"...\", ...], \"question\": "
+                       "\"...\"} per line")
+            ->required();
+        app.add_option("-o,--output", output,
+                       "Adapter file to write (a cache file; also the checkpoint --resume reads)")
+            ->required();
+        app.add_option("--header", options.header_tokens, "Soft tokens before each document")
+            ->default_val(8)
+            ->check(CLI::Range(0, 4096));
+        app.add_option("--trailer", options.trailer_tokens, "Soft tokens after each document")
+            ->default_val(8)
+            ->check(CLI::Range(0, 4096));
+        app.add_option("--epochs", options.epochs, "Passes over the samples")
+            ->default_val(30)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--lr", options.learning_rate,
+                       "Peak learning rate of AdamW, decayed linearly to 0")
+            ->default_val(5e-4)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--batch", options.batch,
+                       "Samples per optimizer step (gradients summed over them)")
+            ->default_val(64)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--answer-tokens", options.answer_tokens,
+                       "Most tokens of the teacher's answer")
+            ->default_val(32)
+            ->check(CLI::PositiveNumber);
+        app.add_option("--answer-stop", answer_stop,
+                       "Where the teacher's answer ends (the stop token included): at the end of "
+                       "generation (eos) or at the first token with a newline (newline)")
+            ->default_val("eos")
+            ->check(CLI::IsMember({"eos", "newline"}));
+        app.add_option("--teacher-top-k", options.teacher_top_k,
+                       "Teacher log-probabilities kept per answer token, the rest pooled in one "
+                       "bucket (0: the whole vocabulary)")
+            ->default_val(64)
+            ->check(CLI::NonNegativeNumber);
+        app.add_option("--teacher-file", teacher_file,
+                       "Where the teacher's answers are kept and reused (default: OUTPUT.teacher)");
+        app.add_option("--seed", options.seed, "Seed of the initialisation and the sample order")
+            ->default_val(42);
+        app.add_option("--checkpoint-every", options.checkpoint_every,
+                       "Optimizer steps between checkpoints written to OUTPUT (0: only at the end)")
+            ->default_val(10)
+            ->check(CLI::NonNegativeNumber);
+        app.add_flag("--resume", options.resume,
+                     "Continue from the checkpoint at OUTPUT (same data and settings)");
+        app.add_option("--max-steps", options.max_steps,
+                       "Stop after this many optimizer steps of this run (0: to the end); "
+                       "--resume continues")
+            ->default_val(0)
+            ->check(CLI::NonNegativeNumber);
+        app.add_flag("--json", json_report, "Print a JSON report on stdout");
+        kv::cli::add_compute_options(app, compute);
+        kv::cli::add_verbosity_options(app, verbosity);
+    };
+
+    auto body = [&] {
+        options.model = model.model;
+        if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
+        options.data = data;
+        options.output = output;
+        if (!teacher_file.empty()) options.teacher_file = teacher_file;
+        options.answer_stop =
+            answer_stop == "newline" ? kv::AnswerStop::newline : kv::AnswerStop::eos;
+        options.threads = compute.threads;
+        options.device = compute.device;
+        options.dtype = compute.dtype;
+        options.use_mmap = compute.mmap;
+        options.provenance = kv::cli::provenance("kvtrain", argc, argv);
+        const bool live = !verbosity.quiet && ::isatty(STDERR_FILENO);
+        if (live || verbosity.verbose)
+            options.progress = [&](const kv::TrainProgress& progress) {
+                if (progress.phase == "teacher") {
+                    if (!live && progress.done != progress.total) return;
+                    std::fprintf(stderr, "%skvtrain: teacher %lld/%lld samples, %.0f s%s",
+                                 live ? "\r" : "", static_cast<long long>(progress.done),
+                                 static_cast<long long>(progress.total), progress.seconds,
+                                 live && progress.done != progress.total ? "" : "\n");
+                    return;
+                }
+                const int width = 24;
+                const int filled =
+                    static_cast<int>(width * progress.done / std::max<int64_t>(progress.total, 1));
+                std::fprintf(
+                    stderr, "%skvtrain: [%.*s%*s] step %lld/%lld epoch %lld loss %.4f, %.0f s%s",
+                    live ? "\r" : "", filled, "########################", width - filled, "",
+                    static_cast<long long>(progress.done), static_cast<long long>(progress.total),
+                    static_cast<long long>(progress.epoch), progress.loss, progress.seconds,
+                    live && progress.done != progress.total ? "" : "\n");
+            };
+        const kv::TrainReport report = kv::train_adapter(options);
+        if (live) std::fputc('\n', stderr);
+        if (json_report) {
+            kv::json::Value value = kv::json::Value::object();
+            value.set("samples", report.samples);
+            value.set("teacher_answered", report.teacher_answered);
+            value.set("teacher_reused", report.teacher_reused);
+            value.set("answer_tokens", report.answer_tokens);
+            value.set("steps", report.steps);
+            value.set("total_steps", report.total_steps);
+            value.set("first_loss", report.first_loss);
+            value.set("last_loss", report.last_loss);
+            value.set("teacher_seconds", report.teacher_seconds);
+            value.set("train_seconds", report.train_seconds);
+            value.set("adapter_fingerprint", report.fingerprint);
+            kv::cli::write_stdout(kv::json::dump(value) + "\n");
+        } else if (!verbosity.quiet) {
+            std::fprintf(
+                stderr,
+                "kvtrain: %lld samples (%lld answered, %lld reused), step %lld/%lld, "
+                "loss %.4f -> %.4f per answer token, %.1f s; adapter %.12s\n",
+                static_cast<long long>(report.samples),
+                static_cast<long long>(report.teacher_answered),
+                static_cast<long long>(report.teacher_reused), static_cast<long long>(report.steps),
+                static_cast<long long>(report.total_steps), report.first_loss, report.last_loss,
+                report.teacher_seconds + report.train_seconds, report.fingerprint.c_str());
+        }
+        return 0;
+    };
+
+    return kv::cli::run_tool("kvtrain",
+                             "Train KV Packet header/trailer adapters by self-distillation (the "
+                             "model stays frozen; only the adapters learn)",
+                             argc, argv, configure, body);
+}
