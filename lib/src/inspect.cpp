@@ -194,6 +194,32 @@ class OutputFile {
 
 }  // namespace
 
+// "8 + 8 soft tokens of width 256, fingerprint ab12..., trained 180 of 180 steps (loss ...)".
+std::string describe_adapter(const Adapter& adapter) {
+    std::string text =
+        format("%lld + %lld soft tokens of width %lld, fingerprint %s",
+               static_cast<long long>(adapter.header_tokens()),
+               static_cast<long long>(adapter.trailer_tokens()),
+               static_cast<long long>(adapter.hidden_size), adapter.fingerprint().c_str());
+    if (adapter.training.empty()) return text + ", untrained";
+    try {
+        const json::Value training = json::parse(adapter.training);
+        const json::Value* step = training.find("step");
+        const json::Value* total = training.find("total_steps");
+        const json::Value* losses = training.find("loss_per_step");
+        if (step && total && step->is_integer() && total->is_integer())
+            text += format(", trained %lld of %lld steps", static_cast<long long>(step->as_int()),
+                           static_cast<long long>(total->as_int()));
+        if (losses && losses->is_array() && !losses->as_array().empty() &&
+            losses->as_array().back().is_number())
+            text +=
+                format(" (last loss %.4g per answer token)", losses->as_array().back().as_double());
+    } catch (const Error&) {
+        text += ", training notes unreadable";
+    }
+    return text;
+}
+
 std::string describe_cache_text(const CacheReader& reader) {
     const CacheModelInfo& model = reader.model();
     const Provenance& provenance = reader.provenance();
@@ -230,6 +256,8 @@ std::string describe_cache_text(const CacheReader& reader) {
     if (indexed > 0)
         text += format("indexed:     %zu of %zu packets carry an IceCache index\n", indexed,
                        reader.packets().size());
+    if (reader.has_adapter())
+        text += "adapter:     " + describe_adapter(reader.read_adapter()) + "\n";
     if (reader.packets().empty()) return text;
     // A storage column only for files that use per-head tokens or quantisation (1.2, 1.3).
     std::vector<std::string> storage;
@@ -287,6 +315,17 @@ json::Value describe_cache_json(const CacheReader& reader) {
     report.set("logical_tokens", logical);
     report.set("tensor_bytes", bytes);
     report.set("packets", std::move(packets));
+    if (reader.has_adapter()) {
+        const Adapter adapter = reader.read_adapter();
+        json::Value value = json::Value::object();
+        value.set("fingerprint", adapter.fingerprint());
+        value.set("header_tokens", adapter.header_tokens());
+        value.set("trailer_tokens", adapter.trailer_tokens());
+        value.set("hidden_size", adapter.hidden_size);
+        value.set("training",
+                  adapter.training.empty() ? json::Value() : json::parse(adapter.training));
+        report.set("adapter", std::move(value));
+    }
     return report;
 }
 
@@ -300,6 +339,13 @@ std::vector<std::string> check_cache_file(const std::filesystem::path& path) {
         return problems;
     }
     const CacheModelInfo& model = reader->model();
+    if (reader->has_adapter()) {
+        try {
+            reader->read_adapter();
+        } catch (const Error& error) {
+            problems.push_back(error.what());
+        }
+    }
     for (const PacketInfo& info : reader->packets()) {
         try {
             const Packet packet = reader->read(info.id);

@@ -12,6 +12,18 @@
 
 namespace kv {
 
+void check_same_adapter(const std::string& context_adapter, const Packet& packet) {
+    if (packet.adapter_fingerprint == context_adapter) return;
+    auto name = [](const std::string& fingerprint) {
+        return fingerprint.empty() ? std::string("no adapter")
+                                   : "adapter " + fingerprint.substr(0, 12);
+    };
+    throw MismatchError("packet " + kv::quoted(packet.id) + " was baked with " +
+                        name(packet.adapter_fingerprint) + ", an earlier packet with " +
+                        name(context_adapter) +
+                        ": packets of one context must share their adapter");
+}
+
 namespace {
 
 // The parts' indexes side by side: each segment keeps its tree and pages, shifted to its place in
@@ -74,16 +86,10 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
             throw FormatError("packet " + kv::quoted(packet.id) + " has " +
                               std::to_string(packet.positions.size()) + " positions for " +
                               std::to_string(packet.token_ids.size()) + " tokens");
-        if (!packet.adapter_fingerprint.empty()) {
-            if (!out.adapter_fingerprint.empty() &&
-                out.adapter_fingerprint != packet.adapter_fingerprint)
-                throw MismatchError("packet " + kv::quoted(packet.id) + " was baked with adapter " +
-                                    packet.adapter_fingerprint.substr(0, 12) +
-                                    ", an earlier packet with " +
-                                    out.adapter_fingerprint.substr(0, 12) +
-                                    ": packets of one context must share their adapter");
+        if (&packet == &packets.front())
             out.adapter_fingerprint = packet.adapter_fingerprint;
-        }
+        else
+            check_same_adapter(out.adapter_fingerprint, packet);
         total_stored += packet.stored_length();
     }
     // Slots each (layer, kv head) uses, per part: all of them unless the part keeps tokens per

@@ -249,6 +249,28 @@ def quantize_packet(f, ordinal, bits, group_size, residual, declare=True):
         f.attrs.create("required_features", ["quantized-kv"], dtype=h5py.string_dtype())
 
 
+def add_adapter(f, header=2, trailer=1, hidden=6, seed=21, fingerprint=None):
+    """A KV Packet adapter (section 6.7); its fingerprint computed as the spec says."""
+    rng = np.random.default_rng(seed)
+    head = rng.normal(0, 0.5, (header, hidden)).astype("<f4")
+    tail = rng.normal(0, 0.5, (trailer, hidden)).astype("<f4")
+    digest = hashlib.sha256()
+    digest.update(b"kvtools-adapter-v1\n%d %d %d\n" % (header, trailer, hidden))
+    digest.update(head.tobytes())
+    digest.update(tail.tobytes())
+    group = create_group(f, "adapter")
+    group.attrs["fingerprint"] = fingerprint or digest.hexdigest()
+    group.attrs["header_tokens"] = header
+    group.attrs["trailer_tokens"] = trailer
+    group.attrs["hidden_size"] = hidden
+    group.attrs["init_mean"] = 0.0
+    group.attrs["init_std"] = 0.5
+    group.attrs["training"] = ""
+    group.create_dataset("header", data=head)
+    group.create_dataset("trailer", data=tail)
+    return digest.hexdigest()
+
+
 def flip_byte_in_chunk(path, dataset_path, at=None):
     """Flips one byte of the first stored chunk of a dataset, where h5py says it lies: in the
     middle (by default), so that its Fletcher32 checksum no longer matches, or at `at`."""
@@ -359,6 +381,11 @@ def main():
          hook=lambda f: (quantize_packet(f, 0, 8, 4, 0, declare=False),
                          quantize_packet(f, 1, 4, 2, 2)))
 
+    good("0014_adapter",
+         "format_version 1.4: an adapter file (2 + 1 soft tokens of width 6, no packets) whose "
+         "fingerprint follows section 6.7's recipe",
+         [], root={"format_version": "1.4"}, hook=lambda f: add_adapter(f))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -375,7 +402,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.3)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.4)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
@@ -490,6 +517,22 @@ def main():
            packets=[packet("q8", 3, 15)], root={"format_version": "1.3"},
            hook=lambda f: (quantize_packet(f, 0, 8, 4, 0),
                            f["packets/00000000/quantized"].attrs.__setitem__("group_size", 3)))
+
+    broken("0027_adapter_fingerprint",
+           "an adapter whose recorded fingerprint is not that of its vectors",
+           "*: /adapter: the soft tokens do not match the adapter's fingerprint (the file is "
+           "damaged)",
+           packets=[], root={"format_version": "1.4"},
+           hook=lambda f: add_adapter(f, fingerprint=sha("another adapter")))
+
+    def wrong_shape(f):
+        add_adapter(f)
+        f["adapter"].attrs["header_tokens"] = 3
+    broken("0028_adapter_shape",
+           "header_tokens says 3, the header dataset holds 2 rows",
+           # "?" stands for the brackets, which a bash glob would read as a class.
+           "*: '/adapter/header' has shape ?2, 6?, expected ?3, 6?",
+           packets=[], root={"format_version": "1.4"}, hook=wrong_shape)
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

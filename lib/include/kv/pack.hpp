@@ -43,7 +43,8 @@ struct PackReport {
 /// Concatenates `packets` (all from caches compatible with `model`) into one packet named `id`:
 /// token ids and values in order, positions shifted by the running logical offset, keys rotated
 /// by it. Packets keep their position gaps (compressed packets), so logical length adds up.
-/// Packets baked with different adapters are refused (MismatchError). When every packet has an
+/// Packets baked with different adapters, or with and without one, are refused (MismatchError,
+/// check_same_adapter). When every packet has an
 /// IceCache index built alike, the context carries them as segments (no index is rebuilt).
 Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& model,
                     const std::string& id);
@@ -52,5 +53,9 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
 /// MismatchError naming both files when inputs come from different models, tokenizers or dtypes;
 /// nothing is written then.
 PackReport pack_caches(const PackOptions& options);
+
+/// Throws MismatchError naming the packet unless it was baked with the adapter the context's
+/// earlier packets were (`context_adapter`, "" for none): wrapped and plain packets never mix.
+void check_same_adapter(const std::string& context_adapter, const Packet& packet);
 
 }  // namespace kv

@@ -6,12 +6,14 @@
 #include "kv/model/model.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/model/sparse.hpp"
+#include "kv/pack.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sampler.hpp"
 #include "kv/tokenizer.hpp"
 #include "runtime.hpp"
 
 #include <chrono>
+#include <optional>
 #include <random>
 
 namespace kv {
@@ -74,6 +76,7 @@ ServeStats serve_once(const ServeOptions& options,
 
     // Baked packets first, in order, each realigned to follow the previous one. A context that
     // does not start with BOS gets it prefilled in front (the "preamble" of KV Packet).
+    std::optional<std::string> context_adapter;  // the first packet's; the others must agree
     for (const std::string& spec : options.caches) {
         const CacheSelection selection = parse_cache_selection(spec);
         const std::filesystem::path& path = selection.file;
@@ -113,6 +116,10 @@ ServeStats serve_once(const ServeOptions& options,
                 throw UnsupportedError("packet " + kv::quoted(packet.id) +
                                        " keeps different tokens per head, which a sliding-window "
                                        "model cannot decode exactly yet");
+            if (!context_adapter)
+                context_adapter = packet.adapter_fingerprint;
+            else
+                check_same_adapter(*context_adapter, packet);
             cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
             if (sparse)
                 sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
