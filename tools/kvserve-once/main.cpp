@@ -77,6 +77,21 @@ int main(int argc, char** argv) {
         app.add_flag("--measure-recall", options.measure_recall,
                      "Also compute full attention at each step and report, per layer, the share "
                      "of its mass on the tokens attended to (in --stats)");
+        app.add_option("--recompute", options.recompute,
+                       "Recompute part of the packed --cache context before the prompt: none, "
+                       "epic (each packet's first --recompute-tokens), cacheblend (the "
+                       "--recompute-ratio of tokens whose keys and values deviate most at layer "
+                       "1) or all (full recompute)")
+            ->default_val("none")
+            ->check(CLI::IsMember({"none", "epic", "cacheblend", "all"}));
+        app.add_option("--recompute-ratio", options.recompute_ratio,
+                       "cacheblend: the share of packet tokens recomputed after layer 1")
+            ->default_val(0.3)
+            ->check(CLI::Range(0.0, 1.0));
+        app.add_option("--recompute-tokens", options.recompute_tokens,
+                       "epic: tokens recomputed at the start of each packet")
+            ->default_val(32)
+            ->check(CLI::NonNegativeNumber);
         app.add_option("--stats", stats_path,
                        "Write timings as JSON to FILE ('-': standard error, since standard output "
                        "carries the text)");

@@ -77,6 +77,8 @@ ServeStats serve_once(const ServeOptions& options,
     // Baked packets first, in order, each realigned to follow the previous one. A context that
     // does not start with BOS gets it prefilled in front (the "preamble" of KV Packet).
     std::optional<std::string> context_adapter;  // the first packet's; the others must agree
+    std::vector<std::pair<int64_t, int64_t>> packet_spans;  // first slot and stored tokens
+    std::vector<int32_t> packet_tokens;                     // their ids, in slot order
     for (const std::string& spec : options.caches) {
         const CacheSelection selection = parse_cache_selection(spec);
         const std::filesystem::path& path = selection.file;
@@ -123,12 +125,44 @@ ServeStats serve_once(const ServeOptions& options,
             cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
             if (sparse)
                 sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
+            packet_spans.push_back({cache.length(), packet.stored_length()});
             append_packet(model.rope(), cache, packet, reader.model().dtype);
+            packet_tokens.insert(packet_tokens.end(), packet.token_ids.begin(),
+                                 packet.token_ids.end());
             // Adapter soft tokens (id -1) have no text.
             for (int32_t id : packet.token_ids)
                 if (id >= 0 && id < tokenizer.vocab_size()) streamer.push(id);
             stats.cache_tokens += packet.stored_length();
         }
+    }
+
+    stats.recompute = options.recompute;
+    if (options.recompute != "none") {
+        if (packet_spans.empty())
+            throw UsageError("--recompute " + options.recompute + " needs --cache packets");
+        if (cache.has_padding() || sparse)
+            throw UnsupportedError(
+                "--recompute works on uncompressed packets with --attention "
+                "full");
+        std::vector<int64_t> slots;
+        std::vector<int32_t> ids;
+        const int64_t first_slot = packet_spans.front().first;
+        for (const auto& [begin, count] : packet_spans) {
+            const int64_t take =
+                options.recompute == "epic" ? std::min(count, options.recompute_tokens) : count;
+            for (int64_t slot = begin; slot < begin + take; ++slot) {
+                const int32_t id = packet_tokens[static_cast<std::size_t>(slot - first_slot)];
+                if (id < 0)
+                    throw UnsupportedError(
+                        "--recompute needs packets baked without an adapter: "
+                        "soft tokens have no token id to recompute from");
+                slots.push_back(slot);
+                ids.push_back(id);
+            }
+        }
+        stats.recomputed_per_layer =
+            model.recompute(cache, torch::tensor(slots, torch::kInt64), ids,
+                            options.recompute == "cacheblend" ? options.recompute_ratio : 1.0, 1);
     }
 
     std::vector<int32_t> prompt;
@@ -255,6 +289,13 @@ json::Value stats_to_json(const ServeStats& stats) {
         result.set("indexed_tokens", stats.indexed_tokens);
         result.set("index_seconds", stats.index_seconds);
         result.set("select_seconds", stats.select_seconds);
+    }
+    if (stats.recompute != "none" && !stats.recompute.empty()) {
+        result.set("recompute", stats.recompute);
+        json::Value counts = json::Value::array();
+        for (int64_t count : stats.recomputed_per_layer)
+            counts.push_back(count);
+        result.set("recomputed_per_layer", std::move(counts));
     }
     result.set("seed", stats.seed);
     result.set("threads", stats.threads);

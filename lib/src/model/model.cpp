@@ -342,6 +342,58 @@ torch::Tensor Model::forward_sequence(const torch::Tensor& embeddings,
     return rms_norm(x, final_norm_, config_.rms_norm_eps);
 }
 
+std::vector<int64_t> Model::recompute(KvCache& cache, const torch::Tensor& slots,
+                                      std::span<const int32_t> tokens, double keep_fraction,
+                                      int64_t select_at_layer) const {
+    torch::NoGradGuard no_grad;
+    if (slots.dim() != 1 || slots.size(0) != static_cast<int64_t>(tokens.size()))
+        throw Error("recompute: one token id per slot");
+    if (!(keep_fraction > 0 && keep_fraction <= 1))
+        throw UsageError("the recompute ratio must be in (0, 1]");
+    std::vector<int64_t> counts;
+    if (tokens.empty()) return std::vector<int64_t>(layers_.size(), 0);
+    torch::Tensor chosen = slots.to(device_, torch::kInt64);
+    torch::Tensor x = embed(tokens);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+        const Layer& layer = layers_[i];
+        const int64_t index = static_cast<int64_t>(i);
+        const torch::Tensor positions = cache.positions().index_select(0, chosen);
+        const Projected projected = project(layer, x, positions);
+        torch::Tensor keys = cache.keys(index), values = cache.values(index);
+        const torch::Tensor new_keys = projected.keys.to(keys.scalar_type());
+        const torch::Tensor new_values = projected.values.to(values.scalar_type());
+        torch::Tensor keep;
+        if (keep_fraction < 1 && index == select_at_layer) {
+            // CacheBlend: the tokens whose keys and values moved most once they saw the context.
+            const torch::Tensor deviation =
+                (new_keys.to(torch::kFloat32) - keys.index_select(1, chosen).to(torch::kFloat32))
+                    .pow(2)
+                    .sum(std::vector<int64_t>{0, 2}) +
+                (new_values.to(torch::kFloat32) -
+                 values.index_select(1, chosen).to(torch::kFloat32))
+                    .pow(2)
+                    .sum(std::vector<int64_t>{0, 2});
+            const int64_t kept = std::max<int64_t>(
+                1, static_cast<int64_t>(
+                       std::ceil(keep_fraction * static_cast<double>(chosen.size(0)))));
+            keep = std::get<0>(std::get<1>(deviation.topk(kept)).sort());
+        }
+        // Views of the cache's buffers: the recomputed entries replace the baked ones.
+        keys.index_copy_(1, chosen, new_keys);
+        values.index_copy_(1, chosen, new_values);
+        const AttentionMask mask{
+            positions, cache.positions(), config_.sliding_window, {}, cache.key_valid(index)};
+        x = x + attend(layer, projected.queries, keys, values, mask);
+        x = x + mlp_block(layer, x);
+        counts.push_back(chosen.size(0));
+        if (keep.defined()) {
+            chosen = chosen.index_select(0, keep);
+            x = x.index_select(0, keep);
+        }
+    }
+    return counts;
+}
+
 torch::Tensor Model::logits(const torch::Tensor& hidden) const {
     const torch::Tensor logits = kv::linear(hidden, lm_head_);
     return logits.scalar_type() == torch::kFloat64 ? logits : logits.to(torch::kFloat32);

@@ -82,3 +82,63 @@ TEST_CASE("a compressed packet keeps its logical length when packed", "[packets]
     CHECK(cache.next_position() == 18);
     CHECK(cache.positions()[5].item<int64_t>() == 9);
 }
+
+TEST_CASE(
+    "selective recomputation: all of it equals prefilling the documents together, "
+    "CacheBlend and EPIC recompute what they say",
+    "[packets]") {
+    ModelConfig config = testing::small_config("LlamaForCausalLM");
+    config.num_layers = 4;
+    auto model = Model::from_weights(testing::make_random_model(config, 23).weights,
+                                     torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    const std::vector<int32_t> first = {1, 4, 9, 16, 25}, second = {2, 3, 5, 7, 11, 13, 17};
+    std::vector<int32_t> both = first;
+    both.insert(both.end(), second.begin(), second.end());
+    auto packed = [&] {
+        KvCache cache = model->new_cache();
+        append_packet(model->rope(), cache, bake_alone(*model, first, "a"), CacheDtype::f32);
+        append_packet(model->rope(), cache, bake_alone(*model, second, "b"), CacheDtype::f32);
+        return cache;
+    };
+    KvCache together = model->new_cache();
+    model->prefill(both, together);
+    const torch::Tensor every = torch::arange(12, torch::kInt64);
+
+    KvCache all = packed();
+    CHECK(model->recompute(all, every, both) == std::vector<int64_t>{12, 12, 12, 12});
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+        CHECK(torch::allclose(all.keys(layer), together.keys(layer), 1e-4, 1e-5));
+        CHECK(torch::allclose(all.values(layer), together.values(layer), 1e-4, 1e-5));
+    }
+
+    // CacheBlend: layers 0 and 1 for every token, then the half that moved most at layer 1.
+    KvCache blend = packed();
+    const KvCache baked = packed();
+    CHECK(model->recompute(blend, every, both, 0.5, 1) == std::vector<int64_t>{12, 12, 6, 6});
+    for (int64_t layer : {0, 1})
+        CHECK(torch::allclose(blend.keys(layer), together.keys(layer), 1e-4, 1e-5));
+    const torch::Tensor changed = (blend.keys(2) - baked.keys(2))
+                                      .abs()
+                                      .amax(std::vector<int64_t>{0, 2})
+                                      .gt(0)
+                                      .to(torch::kInt64);
+    CHECK(changed.sum().item<int64_t>() == 6);
+    // The first document saw nothing before it: its tokens do not move, so the six that did are
+    // in the second.
+    CHECK(changed.narrow(0, 0, 5).sum().item<int64_t>() == 0);
+
+    // EPIC: the first two tokens of each document, in every layer; the rest stay as baked.
+    KvCache epic = packed();
+    const std::vector<int32_t> starts = {first[0], first[1], second[0], second[1]};
+    CHECK(model->recompute(epic, torch::tensor({0, 1, 5, 6}, torch::kInt64), starts) ==
+          std::vector<int64_t>{4, 4, 4, 4});
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+        const torch::Tensor moved =
+            (epic.keys(layer) - baked.keys(layer)).abs().amax(std::vector<int64_t>{0, 2}).gt(1e-6);
+        CHECK(moved.narrow(0, 0, 5).sum().item<int64_t>() == 0);  // the first saw nothing new
+        CHECK(moved.narrow(0, 7, 5).sum().item<int64_t>() == 0);  // not recomputed
+        // Layer 0's keys depend on the token alone; from layer 1 on they saw the first document.
+        if (layer > 0) CHECK(moved.narrow(0, 5, 2).all().item<bool>());
+    }
+}

@@ -48,6 +48,14 @@ struct ServeOptions {
     /// Feed the prompt one token at a time through the sparse attention as well, so that only
     /// the cached context is read densely by nothing (a stricter test of a sparse method).
     bool sparse_prompt = false;
+    /// Recompute part of a context packed from --cache packets before the prompt (the baselines
+    /// of KV Packet): "none", "epic" (each packet's first `recompute_tokens` tokens, in every
+    /// layer), "cacheblend" (every packet token in the first two layers, then the
+    /// `recompute_ratio` whose keys and values deviated most at layer 1) or "all" (full
+    /// recompute of every packet token).
+    std::string recompute = "none";
+    double recompute_ratio = 0.3;
+    int64_t recompute_tokens = 32;
 };
 
 struct ServeStats {
@@ -72,7 +80,9 @@ struct ServeStats {
     /// Per layer: the share of the full softmax mass on the tokens attended to (measure_recall),
     /// averaged over steps and query heads; 1 for dense layers.
     std::vector<double> attention_recall;
-    double attended_tokens = 0;  ///< per kv head and sparse step, on average
+    std::string recompute;                      ///< as ServeOptions::recompute
+    std::vector<int64_t> recomputed_per_layer;  ///< cached tokens recomputed in each layer
+    double attended_tokens = 0;                 ///< per kv head and sparse step, on average
     int64_t index_dot_products = 0;
     int64_t indexed_tokens = 0;
     double index_seconds = 0;

@@ -124,6 +124,20 @@ class Model {
                                    const LayerKeysValues* past = nullptr,
                                    const torch::Tensor& past_positions = {}) const;
 
+    /// Selective recomputation of a cache assembled from separately baked packets (the
+    /// baselines KV Packet is measured against). The stored tokens at `slots` [N] (int64,
+    /// increasing), whose vocabulary ids are `tokens`, are recomputed layer by layer with every
+    /// stored token of that layer in view (causal by position), their keys and values written
+    /// over the stored ones. With `keep_fraction` 1 every slot is recomputed in every layer
+    /// (EPIC: the slots are each document's first tokens; all of them: full recompute). Below 1
+    /// (CacheBlend), after layer `select_at_layer` the slots are ranked by the squared
+    /// deviation of their recomputed keys and values from the stored ones and only the top
+    /// ceil(keep_fraction * N) are carried into the later layers. Returns the tokens recomputed
+    /// per layer.
+    std::vector<int64_t> recompute(KvCache& cache, const torch::Tensor& slots,
+                                   std::span<const int32_t> tokens, double keep_fraction = 1.0,
+                                   int64_t select_at_layer = 1) const;
+
     /// The input embedding matrix [vocab, hidden] in the compute dtype.
     const torch::Tensor& input_embeddings() const { return embed_tokens_; }
 
