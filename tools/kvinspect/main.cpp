@@ -1,4 +1,4 @@
-// kvinspect: show, check, compare, export, merge and compress cache files.
+// kvinspect: show, check, compare, export, merge, compress and plot cache files.
 #include "kv/api/inspect.hpp"
 #include "kv/cache_file.hpp"
 #include "kv/error.hpp"
@@ -16,7 +16,7 @@
 
 namespace {
 
-const char* const subcommands[] = {"show", "check", "diff", "export", "merge", "compress"};
+const char* const subcommands[] = {"show", "check", "diff", "export", "merge", "compress", "plot"};
 
 // The command as typed, for provenance: arguments joined by spaces, single-quoted where the
 // shell would need it.
@@ -36,14 +36,15 @@ std::string command_line(int argc, char** argv) {
     return line;
 }
 
-// Replaces this process by the compress helper, which sits at KV_COMPRESS_HELPER_FROM_BIN
-// relative to this program (build tree and installation alike), with the same arguments.
-int run_compress_helper(int argc, char** argv) {
+// Replaces this process by the helper that runs the subcommands needing libtorch (compress,
+// plot), which sits at KV_MODEL_HELPER_FROM_BIN relative to this program (build tree and
+// installation alike), with the same arguments.
+int run_model_helper(int argc, char** argv) {
     std::error_code error;
     const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
     const std::filesystem::path helper =
         (error ? std::filesystem::path(argv[0]).parent_path() : self.parent_path()) /
-        KV_COMPRESS_HELPER_FROM_BIN;
+        KV_MODEL_HELPER_FROM_BIN;
     std::vector<char*> args(argv, argv + argc);
     args.push_back(nullptr);
     ::execv(helper.c_str(), args.data());
@@ -55,7 +56,8 @@ int run_compress_helper(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc > 1 && std::strcmp(argv[1], "compress") == 0) return run_compress_helper(argc, argv);
+    if (argc > 1 && (std::strcmp(argv[1], "compress") == 0 || std::strcmp(argv[1], "plot") == 0))
+        return run_model_helper(argc, argv);
     // "kvinspect FILE" is "kvinspect show FILE".
     std::vector<char*> args(argv, argv + argc);
     static char show_name[] = "show";
@@ -133,6 +135,11 @@ int main(int argc, char** argv) {
                            "quantise; see 'kvinspect compress --help'")
             ->allow_extras()
             ->prefix_command();
+        app.add_subcommand("plot",
+                           "Draw where a question's attention goes over a packed context (SVG); "
+                           "see 'kvinspect plot attention --help'")
+            ->allow_extras()
+            ->prefix_command();
     };
 
     auto body = [&]() -> int {
@@ -185,7 +192,7 @@ int main(int argc, char** argv) {
         return 0;
     };
 
-    return kv::cli::run_tool("kvinspect",
-                             "Show, check, compare, export, merge and compress kvtools cache files",
-                             static_cast<int>(args.size()), args.data(), configure, body);
+    return kv::cli::run_tool(
+        "kvinspect", "Show, check, compare, export, merge, compress and plot kvtools cache files",
+        static_cast<int>(args.size()), args.data(), configure, body);
 }

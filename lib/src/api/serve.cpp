@@ -1,5 +1,6 @@
 #include "kv/api/serve.hpp"
 
+#include "context.hpp"
 #include "kv/cache_file.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
@@ -74,84 +75,44 @@ ServeStats serve_once(const ServeOptions& options,
     KvCache cache = model.new_cache(256);
     const auto prefill_start = Clock::now();
 
-    // Baked packets first, in order, each realigned to follow the previous one. A context that
-    // does not start with BOS gets it prefilled in front (the "preamble" of KV Packet).
-    std::optional<std::string> context_adapter;  // the first packet's; the others must agree
-    std::vector<std::pair<int64_t, int64_t>> packet_spans;  // first slot and stored tokens
-    std::vector<int32_t> packet_tokens;                     // their ids, in slot order
-    for (const std::string& spec : options.caches) {
-        const CacheSelection selection = parse_cache_selection(spec);
-        const std::filesystem::path& path = selection.file;
-        const std::string& only_id = selection.id;
-        auto read_start = Clock::now();
-        const CacheReader reader(path);
-        stats.cache_load_seconds += seconds_since(read_start);
-        CacheModelInfo expected = runtime.cache_info;
-        expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
-        check_compatible(expected, reader.model(), reader.source());
-        std::vector<PacketInfo> selected = reader.packets();
-        if (!only_id.empty()) selected = {reader.packet_info(only_id)};
-        for (const PacketInfo& info : selected) {
-            read_start = Clock::now();
-            const Packet packet = reader.read(info.id);
-            stats.cache_load_seconds += seconds_since(read_start);
-            stats.cache_bytes_read +=
-                static_cast<int64_t>(packet.keys.size() + packet.values.size());
-            const bool starts_with_bos =
-                !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
-            if (cache.length() == 0 && has_bos && !starts_with_bos) {
-                const int32_t bos = tokenizer.bos_id();
-                model.prefill(std::span<const int32_t>(&bos, 1), cache);
-                streamer.push(bos);
-            }
-            if (cache.next_position() + packet.logical_length >= context)
-                throw MismatchError("the cached context reaches " +
-                                    std::to_string(cache.next_position() + packet.logical_length) +
-                                    " tokens with packet " + kv::quoted(packet.id) +
-                                    ", the model's context is " + std::to_string(context));
-            if (packet.padded() && sparse)
-                throw UnsupportedError(
-                    "packet " + kv::quoted(packet.id) +
-                    " keeps different numbers of tokens per head; sparse attention (--attention " +
-                    options.attention + ") does not handle that yet: use --attention full");
-            if (packet.ragged() && model.config().sliding_window > 0)
+    // Baked packets first, in order, each realigned to follow the previous one.
+    const AssembledContext assembled = assemble_packets(
+        model, tokenizer, runtime.cache_info, options.caches, has_bos, options.max_new_tokens + 64,
+        cache, [&](const Packet& packet) {
+            if (!sparse) return;
+            if (packet.padded())
                 throw UnsupportedError("packet " + kv::quoted(packet.id) +
-                                       " keeps different tokens per head, which a sliding-window "
-                                       "model cannot decode exactly yet");
-            if (!context_adapter)
-                context_adapter = packet.adapter_fingerprint;
-            else
-                check_same_adapter(*context_adapter, packet);
-            cache.reserve(cache.length() + packet.stored_length() + options.max_new_tokens + 64);
-            if (sparse)
-                sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
-            packet_spans.push_back({cache.length(), packet.stored_length()});
-            append_packet(model.rope(), cache, packet, reader.model().dtype);
-            packet_tokens.insert(packet_tokens.end(), packet.token_ids.begin(),
-                                 packet.token_ids.end());
-            // Adapter soft tokens (id -1) have no text.
-            for (int32_t id : packet.token_ids)
-                if (id >= 0 && id < tokenizer.vocab_size()) streamer.push(id);
-            stats.cache_tokens += packet.stored_length();
-        }
-    }
+                                       " keeps different numbers of tokens per head; sparse "
+                                       "attention (--attention " +
+                                       options.attention +
+                                       ") does not handle that yet: use --attention full");
+            sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
+        });
+    stats.cache_load_seconds = assembled.read_seconds;
+    stats.cache_bytes_read = assembled.bytes_read;
+    if (assembled.bos_added) streamer.push(tokenizer.bos_id());
+    // Adapter soft tokens (id -1) have no text.
+    for (int32_t id : assembled.tokens)
+        if (id >= 0 && id < tokenizer.vocab_size()) streamer.push(id);
+    stats.cache_tokens = static_cast<int64_t>(assembled.tokens.size());
 
     stats.recompute = options.recompute;
     if (options.recompute != "none") {
-        if (packet_spans.empty())
+        if (assembled.packets.empty())
             throw UsageError("--recompute " + options.recompute + " needs --cache packets");
-        if (cache.has_padding() || sparse)
+        if (assembled.per_head || sparse)
             throw UnsupportedError(
-                "--recompute works on uncompressed packets with --attention "
-                "full");
+                "--recompute needs packets that keep the same tokens in every head, decoded with "
+                "--attention full");
         std::vector<int64_t> slots;
         std::vector<int32_t> ids;
-        const int64_t first_slot = packet_spans.front().first;
-        for (const auto& [begin, count] : packet_spans) {
-            const int64_t take =
-                options.recompute == "epic" ? std::min(count, options.recompute_tokens) : count;
-            for (int64_t slot = begin; slot < begin + take; ++slot) {
-                const int32_t id = packet_tokens[static_cast<std::size_t>(slot - first_slot)];
+        const int64_t first_slot = assembled.packets.front().first_slot;
+        for (const PlacedPacket& placed : assembled.packets) {
+            const int64_t take = options.recompute == "epic"
+                                     ? std::min(placed.stored, options.recompute_tokens)
+                                     : placed.stored;
+            for (int64_t slot = placed.first_slot; slot < placed.first_slot + take; ++slot) {
+                const int32_t id = assembled.tokens[static_cast<std::size_t>(slot - first_slot)];
                 if (id < 0)
                     throw UnsupportedError(
                         "--recompute needs packets baked without an adapter: "

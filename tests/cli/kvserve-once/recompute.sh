@@ -25,3 +25,6 @@ kvserve-once -m "$demo" --prompt-file question.txt --recompute all 2>&1; echo "e
 kvtrain -m "$demo" --data train.jsonl --epochs 1 --batch 2 --answer-stop newline --answer-tokens 4 -o adapter.kvc -q
 kvbake -m "$demo" --adapter adapter.kvc docs.jsonl -o packets.kvc -q
 kvserve-once -m "$demo" --cache packets.kvc:niah-256-0/0 --prompt-file question.txt --recompute epic 2>&1; echo "exit $?"
+# Tokens pruned per head have no single token per slot to recompute.
+kvinspect compress --method knorm --ratio 0.5 plain.kvc -o pruned.kvc 2>/dev/null
+kvserve-once -m "$demo" --cache pruned.kvc:niah-256-0/0 --prompt-file question.txt --recompute epic 2>&1; echo "exit $?"

@@ -1,13 +1,19 @@
-// kvinspect compress: the subcommand of kvinspect that needs libtorch, as its own program so
-// that kvinspect's other subcommands start without loading it. kvinspect runs it with its own
-// command line (argv[1] is "compress"), so usage and messages read as kvinspect's.
+// kvinspect compress and kvinspect plot: the subcommands of kvinspect that need libtorch, as
+// their own program so that kvinspect's other subcommands start without loading it. kvinspect
+// runs it with its own command line (argv[1] is "compress" or "plot"), so usage and messages
+// read as kvinspect's.
+#include "kv/api/plot.hpp"
 #include "kv/compress.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "tool.hpp"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 #include <string>
+#include <vector>
 
 int main(int argc, char** argv) {
     kv::CompressOptions compression;
@@ -15,6 +21,11 @@ int main(int argc, char** argv) {
     kv::cli::ModelOptions compress_model;
     bool compress_json = false;
     CLI::App* compress = nullptr;
+    CLI::App* plot_attention = nullptr;
+    kv::AttentionPlotOptions plot;
+    kv::cli::ModelOptions plot_model;
+    std::string plot_svg;
+    bool plot_json = false;
 
     auto configure = [&](CLI::App& app) {
         app.require_subcommand(1);
@@ -43,9 +54,61 @@ int main(int argc, char** argv) {
             ->envname("KV_DEVICE")
             ->default_val("auto");
         kv::cli::add_cache_output_options(*compress, compression.write, compress_json);
+
+        CLI::App* plot_command = app.add_subcommand("plot", "Draw what a model does with a cache");
+        plot_command->require_subcommand(1);
+        plot_attention = plot_command->add_subcommand(
+            "attention",
+            "Where a question's attention goes over a context packed from packets, per layer "
+            "and per packet (header, document, trailer), as SVG");
+        kv::cli::add_model_options(*plot_attention, plot_model);
+        plot_attention
+            ->add_option("--cache", plot.caches,
+                         "Packets to pack in order, FILE or FILE:ID (repeatable), as "
+                         "kvserve-once --cache")
+            ->required()
+            ->allow_extra_args(false);
+        plot_attention->add_option("--prompt", plot.prompt, "The question")->required();
+        plot_attention
+            ->add_option("--svg", plot_svg, "Write the figure here ('-': standard output)")
+            ->required();
+        plot_attention->add_option(
+            "--title", plot.title,
+            "Title of the figure (default: how many packets, of which files)");
+        plot_attention->add_flag("--json", plot_json,
+                                 "Also print the attention per packet and layer as JSON "
+                                 "(on standard output, or standard error with --svg -)");
+        kv::cli::add_threads_option(*plot_attention, plot.threads);
+        plot_attention->add_option("--device", plot.device, "auto, cpu, cuda or cuda:N")
+            ->envname("KV_DEVICE")
+            ->default_val("auto");
+        plot_attention->add_option("--dtype", plot.dtype, "auto, f32, bf16 or f16")
+            ->envname("KV_DTYPE")
+            ->default_val("auto");
     };
 
     auto body = [&]() -> int {
+        if (plot_attention->parsed()) {
+            plot.model = plot_model.model;
+            if (!plot_model.tokenizer.empty()) plot.tokenizer = plot_model.tokenizer;
+            const kv::AttentionProfile profile = kv::attention_profile(plot);
+            const std::string svg = kv::attention_svg(profile);
+            if (plot_svg == "-") {
+                kv::cli::write_stdout(svg);
+            } else {
+                // Atomic, like every output: a temporary name, then rename.
+                const std::string temporary = plot_svg + ".tmp-" + std::to_string(::getpid());
+                std::ofstream out(temporary, std::ios::binary);
+                out << svg;
+                out.close();
+                if (!out || std::rename(temporary.c_str(), plot_svg.c_str()) != 0) {
+                    std::remove(temporary.c_str());
+                    throw kv::IoError("cannot write " + kv::quoted(plot_svg));
+                }
+            }
+            if (plot_json) kv::cli::write_report(kv::attention_json(profile), plot_svg);
+            return 0;
+        }
         if (compress_method.empty()) {
             if (!compression.write.quantization)
                 throw kv::UsageError("give --method (pruning), --quantize, or both");
@@ -110,7 +173,7 @@ int main(int argc, char** argv) {
         return 0;
     };
 
-    return kv::cli::run_tool("kvinspect",
-                             "Show, check, compare, export, merge and compress kvtools cache files",
-                             argc, argv, configure, body);
+    return kv::cli::run_tool(
+        "kvinspect", "Show, check, compare, export, merge, compress and plot kvtools cache files",
+        argc, argv, configure, body);
 }

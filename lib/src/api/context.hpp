@@ -1,0 +1,45 @@
+// Assembling a context from baked packets, as kvserve-once --cache and kvinspect plot do: BOS
+// first when the tokenizer uses one and the first packet does not start with it (KV Packet's
+// preamble), then every selected packet in order, its keys rotated to follow the previous one.
+#pragma once
+
+#include "kv/cache_file.hpp"
+#include "kv/model/model.hpp"
+#include "kv/tokenizer.hpp"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+/// Where one packet landed in the assembled cache.
+struct PlacedPacket {
+    std::string id;
+    int64_t first_slot = 0;  ///< its first stored token's slot in the cache
+    int64_t stored = 0;
+    int64_t first_position = 0;
+    int64_t header_tokens = 0;
+    int64_t trailer_tokens = 0;
+};
+
+struct AssembledContext {
+    std::vector<PlacedPacket> packets;
+    std::vector<int32_t> tokens;  ///< per slot of the packets, in order (-1: soft tokens)
+    bool bos_added = false;
+    bool per_head = false;   ///< some packet keeps different tokens per head (kvcache.md 6.3)
+    int64_t bytes_read = 0;  ///< keys and values read from the files
+    double read_seconds = 0;
+};
+
+/// Appends the packets of `caches` (FILE or FILE:ID each) to `cache`, checking that every file
+/// belongs to the model (`model_info`), that the packets share their adapter and that the
+/// context fits the model. `before_append(packet)` runs before each packet is appended, after
+/// those checks (sparse attention registers the packet's index there).
+AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer,
+                                  const CacheModelInfo& model_info,
+                                  const std::vector<std::string>& caches, bool add_bos,
+                                  int64_t reserve_extra, KvCache& cache,
+                                  const std::function<void(const Packet&)>& before_append = {});
+
+}  // namespace kv
