@@ -3,6 +3,7 @@
 #include "context.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
+#include "kv/model/attention_recorder.hpp"
 #include "kv/runtime.hpp"
 #include "runtime.hpp"
 
@@ -12,36 +13,6 @@
 
 namespace kv {
 namespace {
-
-// Keeps, per layer, the prompt's attention over every key it may see, averaged over the prompt's
-// tokens and the query heads (exact softmax, float32, the model's own causal rule by position).
-class AttentionRecorder : public QueryObserver {
-  public:
-    explicit AttentionRecorder(int64_t layers) : weights_(static_cast<std::size_t>(layers)) {}
-
-    void observe(int64_t layer, const torch::Tensor& queries, const torch::Tensor& positions,
-                 const torch::Tensor& keys, const torch::Tensor& key_positions) override {
-        const int64_t query_heads = queries.size(0), kv_heads = keys.size(0);
-        const int64_t group = query_heads / kv_heads, head_dim = queries.size(2);
-        const torch::Tensor q = queries.to(torch::kFloat32);
-        // Query head h reads kv head h / group.
-        const torch::Tensor k = keys.to(torch::kFloat32).repeat_interleave(group, 0);  // [Hq, S, D]
-        torch::Tensor scores =
-            torch::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(head_dim));
-        const torch::Tensor hidden =
-            key_positions.to(q.device()).unsqueeze(0).gt(positions.to(q.device()).unsqueeze(1));
-        scores = scores.masked_fill(hidden.unsqueeze(0), -std::numeric_limits<float>::infinity());
-        const torch::Tensor mean =
-            torch::softmax(scores, -1).mean(std::vector<int64_t>{0, 1}).to(torch::kCPU);
-        weights_[static_cast<std::size_t>(layer)] =
-            std::vector<double>(mean.data_ptr<float>(), mean.data_ptr<float>() + mean.numel());
-    }
-
-    std::vector<std::vector<double>> take() { return std::move(weights_); }
-
-  private:
-    std::vector<std::vector<double>> weights_;
-};
 
 double sum_range(const std::vector<double>& values, int64_t begin, int64_t count) {
     double total = 0;
@@ -113,7 +84,7 @@ AttentionProfile attention_profile(const AttentionPlotOptions& options) {
     model.forward(model.embed(prompt),
                   torch::arange(start, start + profile.prompt_tokens, torch::kInt64), cache, {},
                   nullptr, &recorder);
-    profile.weights = recorder.take();
+    profile.weights = recorder.weights();
     for (const std::vector<double>& layer : profile.weights) {
         profile.preamble.push_back(assembled.bos_added ? sum_range(layer, 0, 1) : 0.0);
         profile.prompt.push_back(sum_range(layer, profile.context_slots, profile.prompt_tokens));
