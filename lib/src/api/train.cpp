@@ -109,7 +109,6 @@ class TeacherFile {
         exists_ = true;
         std::size_t at = header_.size();
         while (at < bytes.size()) {
-            const std::size_t record = at;
             auto fits = [&](std::size_t size) { return size <= bytes.size() - at; };
             if (!fits(5) || bytes[at] != 'R') break;
             uint32_t size = 0;
@@ -141,7 +140,6 @@ class TeacherFile {
             answers_.emplace(payload.substr(0, 32), std::move(answer));
             at += std::size_t{size} + 32;
             valid_end_ = at;
-            (void)record;
         }
         if (valid_end_ == 0) valid_end_ = header_.size();
         // A torn record at the end (an interrupted run) is cut off before appending.
@@ -485,10 +483,13 @@ TrainReport train_adapter(const TrainOptions& options) {
             (1.0 - static_cast<double>(step) / static_cast<double>(total_steps));
         ++step;
         ++steps_this_run;
-        header_optimizer.step(tensors.header, tensors.header.grad(), step, learning_rate);
-        trailer_optimizer.step(tensors.trailer, tensors.trailer.grad(), step, learning_rate);
-        tensors.header.mutable_grad().zero_();
-        tensors.trailer.mutable_grad().zero_();
+        // An empty header or trailer (--header 0) gets no gradient at all.
+        for (auto [parameter, optimizer] : {std::pair{&tensors.header, &header_optimizer},
+                                            std::pair{&tensors.trailer, &trailer_optimizer}}) {
+            if (!parameter->grad().defined()) continue;
+            optimizer->step(*parameter, parameter->grad(), step, learning_rate);
+            parameter->mutable_grad().zero_();
+        }
         const double loss_per_token = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0;
         if (!std::isfinite(loss_per_token))
             throw Error("training diverged at step " + std::to_string(step) +
