@@ -342,6 +342,10 @@ torch::Tensor Model::forward_sequence(const torch::Tensor& embeddings,
     return rms_norm(x, final_norm_, config_.rms_norm_eps);
 }
 
+namespace {
+constexpr int64_t recompute_chunk = 512;
+}  // namespace
+
 std::vector<int64_t> Model::recompute(KvCache& cache, const torch::Tensor& slots,
                                       std::span<const int32_t> tokens, double keep_fraction,
                                       int64_t select_at_layer) const {
@@ -381,9 +385,31 @@ std::vector<int64_t> Model::recompute(KvCache& cache, const torch::Tensor& slots
         // Views of the cache's buffers: the recomputed entries replace the baked ones.
         keys.index_copy_(1, chosen, new_keys);
         values.index_copy_(1, chosen, new_values);
-        const AttentionMask mask{
-            positions, cache.positions(), config_.sliding_window, {}, cache.key_valid(index)};
-        x = x + attend(layer, projected.queries, keys, values, mask);
+        // Queries in chunks, as prefill() does, so that the scores stay [heads, 512, S]; a
+        // chunk reads only the slots up to its last one when positions grow with the slots
+        // (a packed context), which the causal rule would mask anyway.
+        const torch::Tensor key_positions = cache.positions();
+        const bool ordered =
+            key_positions.size(0) < 2 || (key_positions.narrow(0, 1, key_positions.size(0) - 1) >
+                                          key_positions.narrow(0, 0, key_positions.size(0) - 1))
+                                             .all()
+                                             .item<bool>();
+        const torch::Tensor valid = cache.key_valid(index);
+        const torch::Tensor chosen_host = chosen.to(torch::kCPU);
+        std::vector<torch::Tensor> attended;
+        for (int64_t begin = 0; begin < chosen.size(0); begin += recompute_chunk) {
+            const int64_t count = std::min(recompute_chunk, chosen.size(0) - begin);
+            const int64_t seen =
+                ordered ? chosen_host[begin + count - 1].item<int64_t>() + 1 : keys.size(1);
+            const AttentionMask mask{positions.narrow(0, begin, count),
+                                     key_positions.narrow(0, 0, seen),
+                                     config_.sliding_window,
+                                     {},
+                                     valid.defined() ? valid.narrow(1, 0, seen) : valid};
+            attended.push_back(attend(layer, projected.queries.narrow(1, begin, count),
+                                      keys.narrow(1, 0, seen), values.narrow(1, 0, seen), mask));
+        }
+        x = x + torch::cat(attended);
         x = x + mlp_block(layer, x);
         counts.push_back(chosen.size(0));
         if (keep.defined()) {
