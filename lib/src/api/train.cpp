@@ -214,18 +214,6 @@ torch::Tensor student_logits(const Model& model, const AdapterTensors& adapter,
     return model.logits(hidden.narrow(0, count - answer_length, answer_length));
 }
 
-std::vector<float> tensor_values(const torch::Tensor& tensor) {
-    const torch::Tensor host = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
-    return std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
-}
-
-torch::Tensor tensor_from(const std::vector<float>& values, int64_t width, torch::Device device) {
-    return torch::from_blob(const_cast<float*>(values.data()),
-                            {static_cast<int64_t>(values.size()) / width, width}, torch::kFloat32)
-        .clone()
-        .to(device);
-}
-
 // A permutation of [0, count) that depends only on the seed (std::shuffle's algorithm is the
 // library's choice; this one is fixed, so that a resumed run sees the same order).
 std::vector<std::size_t> sample_order(std::size_t count, uint64_t seed) {
@@ -423,10 +411,10 @@ TrainReport train_adapter(const TrainOptions& options) {
     tensors.trailer.set_requires_grad(true);
     AdamW header_optimizer, trailer_optimizer;
     if (adapter.has_optimizer_state()) {
-        header_optimizer = {tensor_from(adapter.header_moment, width, device),
-                            tensor_from(adapter.header_second_moment, width, device)};
-        trailer_optimizer = {tensor_from(adapter.trailer_moment, width, device),
-                             tensor_from(adapter.trailer_second_moment, width, device)};
+        header_optimizer = {float_rows(adapter.header_moment, width, device),
+                            float_rows(adapter.header_second_moment, width, device)};
+        trailer_optimizer = {float_rows(adapter.trailer_moment, width, device),
+                             float_rows(adapter.trailer_second_moment, width, device)};
     } else {
         header_optimizer = {torch::zeros_like(tensors.header), torch::zeros_like(tensors.header)};
         trailer_optimizer = {torch::zeros_like(tensors.trailer),
@@ -441,10 +429,10 @@ TrainReport train_adapter(const TrainOptions& options) {
     auto save = [&] {
         store_adapter_tensors(tensors, adapter);
         adapter.optimizer_step = step;
-        adapter.header_moment = tensor_values(header_optimizer.moment);
-        adapter.header_second_moment = tensor_values(header_optimizer.second_moment);
-        adapter.trailer_moment = tensor_values(trailer_optimizer.moment);
-        adapter.trailer_second_moment = tensor_values(trailer_optimizer.second_moment);
+        adapter.header_moment = float_values(header_optimizer.moment);
+        adapter.header_second_moment = float_values(header_optimizer.second_moment);
+        adapter.trailer_moment = float_values(trailer_optimizer.moment);
+        adapter.trailer_second_moment = float_values(trailer_optimizer.second_moment);
         json::Value training = json::Value::object();
         training.set("tool", options.provenance.tool);
         training.set("settings", settings);

@@ -5,22 +5,18 @@
 #include <cstring>
 
 namespace kv {
-namespace {
-
-std::vector<float> to_vector(const torch::Tensor& tensor) {
+std::vector<float> float_values(const torch::Tensor& tensor) {
     const torch::Tensor host = tensor.detach().to(torch::kCPU, torch::kFloat32).contiguous();
     const float* data = host.data_ptr<float>();
     return std::vector<float>(data, data + host.numel());
 }
 
-torch::Tensor rows(const std::vector<float>& values, int64_t width, torch::Device device) {
+torch::Tensor float_rows(const std::vector<float>& values, int64_t width, torch::Device device) {
     const int64_t count = width > 0 ? static_cast<int64_t>(values.size()) / width : 0;
     return torch::from_blob(const_cast<float*>(values.data()), {count, width}, torch::kFloat32)
         .clone()
         .to(device);
 }
-
-}  // namespace
 
 Adapter initialize_adapter(const Model& model, int64_t header_tokens, int64_t trailer_tokens,
                            uint64_t seed) {
@@ -40,7 +36,7 @@ Adapter initialize_adapter(const Model& model, int64_t header_tokens, int64_t tr
         const torch::Tensor values =
             at::normal(adapter.init_mean, adapter.init_std, {count, adapter.hidden_size}, generator,
                        torch::TensorOptions().dtype(torch::kFloat32));
-        return to_vector(values);
+        return float_values(values);
     };
     adapter.header = draw(header_tokens);
     adapter.trailer = draw(trailer_tokens);
@@ -67,13 +63,13 @@ Adapter load_adapter(const std::filesystem::path& path, const Model& model,
 }
 
 AdapterTensors adapter_tensors(const Adapter& adapter, torch::Device device) {
-    return {rows(adapter.header, adapter.hidden_size, device),
-            rows(adapter.trailer, adapter.hidden_size, device)};
+    return {float_rows(adapter.header, adapter.hidden_size, device),
+            float_rows(adapter.trailer, adapter.hidden_size, device)};
 }
 
 void store_adapter_tensors(const AdapterTensors& tensors, Adapter& adapter) {
-    adapter.header = to_vector(tensors.header);
-    adapter.trailer = to_vector(tensors.trailer);
+    adapter.header = float_values(tensors.header);
+    adapter.trailer = float_values(tensors.trailer);
 }
 
 torch::Tensor wrap_document(const Model& model, const AdapterTensors* adapter,

@@ -35,6 +35,11 @@ Adapter initialize_adapter(const Model& model, int64_t header_tokens, int64_t tr
 Adapter load_adapter(const std::filesystem::path& path, const Model& model,
                      const CacheModelInfo& model_info);
 
+/// Row-major float32 values [rows, width] as a tensor on `device`, and back (from any dtype or
+/// device): how adapters and their optimizer state cross between files and tensors.
+torch::Tensor float_rows(const std::vector<float>& values, int64_t width, torch::Device device);
+std::vector<float> float_values(const torch::Tensor& tensor);
+
 /// The adapter's vectors as tensors on `device`.
 AdapterTensors adapter_tensors(const Adapter& adapter, torch::Device device);
 /// Copies tensors (from training) back into the adapter's vectors.
