@@ -6,12 +6,10 @@
 #include "kv/compress.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
+#include "kv/mapped_file.hpp"
 #include "tool.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -96,15 +94,7 @@ int main(int argc, char** argv) {
             if (plot_svg == "-") {
                 kv::cli::write_stdout(svg);
             } else {
-                // Atomic, like every output: a temporary name, then rename.
-                const std::string temporary = plot_svg + ".tmp-" + std::to_string(::getpid());
-                std::ofstream out(temporary, std::ios::binary);
-                out << svg;
-                out.close();
-                if (!out || std::rename(temporary.c_str(), plot_svg.c_str()) != 0) {
-                    std::remove(temporary.c_str());
-                    throw kv::IoError("cannot write " + kv::quoted(plot_svg));
-                }
+                kv::write_file_atomic(plot_svg, svg.data(), svg.size());
             }
             if (plot_json) kv::cli::write_report(kv::attention_json(profile), plot_svg);
             return 0;

@@ -2,6 +2,7 @@
 
 #include "kv/error.hpp"
 #include "kv/json.hpp"
+#include "kv/mapped_file.hpp"
 #include "kv/model/adapter.hpp"
 #include "kv/model/distill.hpp"
 #include "kv/runtime.hpp"
@@ -226,23 +227,13 @@ std::vector<std::size_t> sample_order(std::size_t count, uint64_t seed) {
     return order;
 }
 
-std::string file_sha256(const std::filesystem::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-        throw IoError("cannot open " + kv::quoted(path.string()) + ": " + std::strerror(errno));
-    Sha256 hash;
-    char buffer[1 << 16];
-    while (in.read(buffer, sizeof buffer) || in.gcount() > 0)
-        hash.update(buffer, static_cast<std::size_t>(in.gcount()));
-    return hash.hex();
-}
-
 }  // namespace
 
-std::vector<TrainSample> read_train_samples(const std::filesystem::path& path) {
-    std::ifstream in(path);
-    if (!in)
-        throw IoError("cannot open " + kv::quoted(path.string()) + ": " + std::strerror(errno));
+std::vector<TrainSample> read_train_samples(const std::filesystem::path& path,
+                                            std::string* sha256) {
+    const std::string text = read_file_text(path);
+    if (sha256) *sha256 = sha256_hex(text);
+    std::istringstream in(text);
     std::vector<TrainSample> samples;
     std::string line;
     int64_t number = 0;
@@ -287,8 +278,8 @@ TrainReport train_adapter(const TrainOptions& options) {
             "kvtrain writes its adapter to a file (-o FILE), which is also its "
             "checkpoint, not to standard output");
     set_compute_threads(options.threads);
-    const std::vector<TrainSample> samples = read_train_samples(options.data);
-    const std::string data_sha256 = file_sha256(options.data);
+    std::string data_sha256;
+    const std::vector<TrainSample> samples = read_train_samples(options.data, &data_sha256);
 
     const Runtime runtime = load_runtime(
         {options.model, options.tokenizer, options.dtype, options.device, options.use_mmap});

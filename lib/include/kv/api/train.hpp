@@ -29,8 +29,10 @@ struct TrainSample {
     std::string origin;  ///< "'data.jsonl' line 3", for messages
 };
 
-/// Reads samples; FormatError naming the file and line for a malformed one.
-std::vector<TrainSample> read_train_samples(const std::filesystem::path& path);
+/// Reads samples; FormatError naming the file and line for a malformed one. `sha256`, when
+/// given, receives the file's SHA-256 from the same read (what a checkpoint records).
+std::vector<TrainSample> read_train_samples(const std::filesystem::path& path,
+                                            std::string* sha256 = nullptr);
 
 /// When the teacher's answer ends.
 enum class AnswerStop { eos, newline };
