@@ -4,6 +4,7 @@
 #include "hdf5_zstd.hpp"
 #include "kv/error.hpp"
 #include "kv/mapped_file.hpp"
+#include "kv/memory.hpp"
 #include "kv/sha256.hpp"
 #include "utf8.hpp"
 
@@ -1766,8 +1767,9 @@ Packet CacheReader::read(const std::string& id) const {
         if (!matches)
             in.fail(kv::quoted(name) + " are not stored as " + cache_dtype_name(m.dtype) +
                     " (the file's dtype)");
-        target.resize(static_cast<std::size_t>(m.num_layers * m.num_kv_heads) * tokens *
-                      static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype));
+        resize_for_bulk_read(target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) *
+                                         tokens * static_cast<std::size_t>(m.head_dim) *
+                                         cache_dtype_size(m.dtype));
         if (!target.empty() &&
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));

@@ -1,6 +1,7 @@
 #include "kv/index/dci.hpp"
 
 #include "kv/error.hpp"
+#include "kv/memory.hpp"
 #include "kv/model/gemv.hpp"
 
 #include <algorithm>
@@ -361,6 +362,7 @@ void DciIndex::build(const float* keys, int64_t count, int threads) {
     if (count < 0) throw UsageError("dci: negative key count");
     reset();
     keys_.reserve(static_cast<std::size_t>(count * head_dim_));
+    advise_huge_pages(keys_.data(), keys_.capacity() * sizeof(float));
     for (int64_t token = 0; token < count; ++token)
         add_token(keys + token * head_dim_);
     double largest = 0;
@@ -512,6 +514,7 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
         fail("max_squared_norm must be positive");
     reset();
     keys_.reserve(n * static_cast<std::size_t>(head_dim_));
+    advise_huge_pages(keys_.data(), keys_.capacity() * sizeof(float));
     int top = 0;
     for (int8_t level : layout.levels) {
         if (level < 0) fail("negative level");

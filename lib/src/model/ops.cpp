@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -116,7 +117,31 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
 }
 
 torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
-    return apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
+    // Every token turns by the same angles, so one row of cosines serves them all: rotate_keys
+    // does that in place on a copy, 30x faster than apply()'s per-token tables and float32
+    // temporaries (realigning a 1 GB packet took 6 s), with the same float32 arithmetic and
+    // rounding (tests/unit/model/test_ops.cpp checks they agree bit for bit). Tensors that
+    // need gradients (kvtrain's adapters) or live on a GPU take apply().
+    const auto scalar = x.scalar_type();
+    const bool host_dtype =
+        scalar == torch::kFloat32 || scalar == torch::kBFloat16 || scalar == torch::kFloat16;
+    if (!x.device().is_cpu() || !host_dtype || (at::GradMode::is_enabled() && x.requires_grad()) ||
+        x.dim() < 1 || x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()))
+        return apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
+    torch::Tensor rotated = x.contiguous().clone();
+    if (delta == 0 || rotated.numel() == 0) return rotated;
+    const CacheDtype dtype = scalar == torch::kFloat32    ? CacheDtype::f32
+                             : scalar == torch::kBFloat16 ? CacheDtype::bf16
+                                                          : CacheDtype::f16;
+    const RopeSettings settings{layout_, x.size(-1), inverse_frequencies_};
+    const int64_t rows = rotated.numel() / x.size(-1);
+    const std::size_t row_bytes = static_cast<std::size_t>(x.size(-1)) * rotated.element_size();
+    auto* base = static_cast<std::byte*>(rotated.data_ptr());
+    at::parallel_for(0, rows, 4096, [&](int64_t begin, int64_t end) {
+        rotate_keys(base + static_cast<std::size_t>(begin) * row_bytes, dtype,
+                    static_cast<std::size_t>(end - begin), settings, delta);
+    });
+    return rotated;
 }
 
 namespace {
@@ -125,11 +150,11 @@ namespace {
 // bf16 bmm/softmax/transpose paths cost milliseconds per call at these sizes (measured: 1.2 s per
 // token on a 1B model), so the scores and the weighted sum read the cache rows directly, in its
 // dtype, with the gemv row kernels, one kv head (and its query group) per task.
-bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const AttentionMask& mask) {
-    if (q.size(1) != 1 || mask.sliding_window > 0 || mask.allow.defined() ||
-        mask.key_valid.defined())
-        return false;
+// Whether the row kernels can read these tensors: host memory, f32 or bf16 cache rows
+// contiguous per head, no mask beyond causality by position, no gradients.
+bool decode_kernel_fits(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask) {
+    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
     if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
     if (k.scalar_type() != v.scalar_type()) return false;
     if (k.scalar_type() != torch::kFloat32 && k.scalar_type() != torch::kBFloat16) return false;
@@ -137,10 +162,34 @@ bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const tor
     const int64_t head_dim = k.size(2);
     if (k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != head_dim || v.stride(1) != head_dim)
         return false;
-    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-        return false;
+    return !at::GradMode::is_enabled() ||
+           (!q.requires_grad() && !k.requires_grad() && !v.requires_grad());
+}
+
+bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const AttentionMask& mask) {
+    if (q.size(1) != 1 || !decode_kernel_fits(q, k, v, mask)) return false;
     // Every key must be visible: none stored at a later position than the query.
     return mask.key_positions.max().item<int64_t>() <= mask.query_positions.max().item<int64_t>();
+}
+
+// A few queries after many keys, the question after a long cached context: libtorch's bf16
+// bmm over [Hkv, group*T, S] scores cost 0.8 s per 1B layer at 32k keys (allocating and
+// faulting in fresh score and transposed-key buffers), so each query goes through the decoding
+// kernel over the keys it may see. With key positions non-decreasing along the slots (every
+// cache kvtools assembles; checked here), those are a prefix of the slots.
+constexpr int64_t max_queries_per_query_decode = 64;
+
+bool use_per_query_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const AttentionMask& mask) {
+    if (q.size(1) < 2 || q.size(1) > max_queries_per_query_decode || k.size(1) < 1024 ||
+        !decode_kernel_fits(q, k, v, mask))
+        return false;
+    const torch::Tensor positions = mask.key_positions;
+    return positions.size(0) < 2 || (positions.narrow(0, 1, positions.size(0) - 1) >=
+                                     positions.narrow(0, 0, positions.size(0) - 1))
+                                        .all()
+                                        .item<bool>();
 }
 
 torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
@@ -197,6 +246,22 @@ torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionMask& mask, double scale) {
     if (k.size(1) > 0 && use_decode_kernel(q, k, v, mask)) return attention_decode(q, k, v, scale);
+    if (use_per_query_decode(q, k, v, mask)) {
+        const torch::Tensor key_positions = mask.key_positions.to(torch::kCPU).contiguous();
+        const torch::Tensor query_positions = mask.query_positions.to(torch::kCPU).contiguous();
+        const int64_t* first = key_positions.data_ptr<int64_t>();
+        const int64_t* last = first + key_positions.numel();
+        std::vector<torch::Tensor> outputs;
+        for (int64_t t = 0; t < q.size(1); ++t) {
+            const int64_t seen =
+                std::upper_bound(first, last, query_positions.data_ptr<int64_t>()[t]) - first;
+            const torch::Tensor query = q.narrow(1, t, 1);
+            outputs.push_back(seen == 0 ? torch::zeros_like(query)
+                                        : attention_decode(query, k.narrow(1, 0, seen),
+                                                           v.narrow(1, 0, seen), scale));
+        }
+        return torch::cat(outputs, 1);
+    }
     // Long prefills and training sequences go by blocks of queries, so that no score tensor
     // exceeds a few MB: above glibc's mmap threshold (32 MB at most) every temporary is a fresh
     // mapping whose pages fault on first touch, which made a 2,048-token training step 15x slower

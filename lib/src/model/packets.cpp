@@ -89,9 +89,12 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
     }
     std::vector<torch::Tensor> keys_per_layer, values_per_layer;
     for (int64_t layer = 0; layer < layers; ++layer) {
-        // Rotating in float32 then storing in the cache dtype: one rounding, as at bake time.
+        // Float32 arithmetic and one rounding into the cache's dtype, as at bake time: rotated in
+        // the stored dtype when the cache keeps it, else in float32 before the conversion.
+        const torch::ScalarType rotate_in =
+            keys.scalar_type() == cache.dtype() ? cache.dtype() : torch::kFloat32;
         keys_per_layer.push_back(delta == 0 ? keys[layer]
-                                            : rope.shift(keys[layer].to(torch::kFloat32), delta));
+                                            : rope.shift(keys[layer].to(rotate_in), delta));
         values_per_layer.push_back(values[layer]);
     }
     cache.append(keys_per_layer, values_per_layer, positions, used_per_layer);

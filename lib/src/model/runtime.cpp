@@ -1,6 +1,9 @@
 #include "kv/runtime.hpp"
 
 #include "kv/error.hpp"
+#include "kv/memory.hpp"
+
+#include <c10/core/CPUAllocator.h>
 
 #include <torch/types.h>
 #include <torch/utils.h>
@@ -11,6 +14,26 @@
 
 namespace kv {
 
+namespace {
+
+// libtorch's CPU allocator, with large tensors advised to use huge pages (kv/memory.hpp) before
+// anything touches them; the memory and its deleter stay the default allocator's.
+class HugePageAllocator final : public at::Allocator {
+  public:
+    explicit HugePageAllocator(at::Allocator* base) : base_(base) {}
+    at::DataPtr allocate(std::size_t bytes) const override {
+        at::DataPtr data = base_->allocate(bytes);
+        if (bytes >= huge_page_worthy_bytes) advise_huge_pages(data.get(), bytes);
+        return data;
+    }
+    at::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+
+  private:
+    at::Allocator* base_;
+};
+
+}  // namespace
+
 int set_compute_threads(int threads) {
     // Keep freed tensors in the heap for the next layer instead of unmapping them: attention
     // scores of a prefill chunk are megabytes, and fresh mappings fault on every first touch
@@ -18,6 +41,9 @@ int set_compute_threads(int threads) {
     static const bool tuned = [] {
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
+        // Priority 1 outranks the default allocator's registration (0).
+        static HugePageAllocator allocator(c10::GetDefaultCPUAllocator());
+        c10::SetCPUAllocator(&allocator, 1);
         return true;
     }();
     (void)tuned;

@@ -3,9 +3,12 @@
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -85,6 +88,7 @@ struct Segment {
     int64_t stored_segment = 0;
     int64_t stored_count = 0;
     std::vector<std::unique_ptr<DciIndex>> indexes;  // per layer * kv_heads + head
+    std::vector<int64_t> live_rows;  // live segments: rows indexed so far, per layer
 };
 
 struct SparseAttention::State {
@@ -166,15 +170,17 @@ torch::Tensor index_keys(const torch::Tensor& keys, int64_t head, int64_t first,
 
 }  // namespace
 
-void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
+void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys,
+                                 std::vector<std::function<void()>>& jobs) {
     State& s = *state_;
     const int64_t total = keys.size(1);
     const int64_t kv_heads = keys.size(0), dim = keys.size(2);
     const int64_t window_start = total - s.split.window;
     const auto layer_slot = static_cast<std::size_t>(layer);
-    const auto index_started = Clock::now();
     // Index every row that has left the window: stored segments are restored, the rest
-    // (BOS, the prompt, decoded tokens) grows live segments.
+    // (BOS, the prompt, decoded tokens) grows live segments. The segments are decided here, on
+    // the calling thread; restoring, building and growing each head's index are the jobs,
+    // independent of each other, run on the compute threads (run_index_jobs).
     int64_t& covered = s.covered[layer_slot];
     while (covered < window_start) {
         auto stored = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
@@ -184,12 +190,15 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
             for (int64_t head = 0; head < kv_heads; ++head) {
                 auto& index = stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
                 index = std::make_unique<DciIndex>(dim, stored->stored->projection);
-                const torch::Tensor k = index_keys(keys, head, stored->first_row,
-                                                   stored->stored_count, stored->delta, s.rope);
-                index->restore(
-                    k.data_ptr<float>(), stored->stored_count,
-                    stored->stored->layout(layer, head, kv_heads, stored->stored_segment),
-                    "the index of cache rows " + std::to_string(stored->first_row) + "+");
+                jobs.push_back([&rope = s.rope, index = index.get(), keys, head,
+                                first = stored->first_row, count = stored->stored_count,
+                                delta = stored->delta, stored_index = stored->stored,
+                                segment = stored->stored_segment, layer, kv_heads] {
+                    const torch::Tensor k = index_keys(keys, head, first, count, delta, rope);
+                    index->restore(k.data_ptr<float>(), count,
+                                   stored_index->layout(layer, head, kv_heads, segment),
+                                   "the index of cache rows " + std::to_string(first) + "+");
+                });
             }
             covered = stored->first_row + stored->stored_count;
             continue;
@@ -201,8 +210,9 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
         Segment* live = nullptr;
         for (Segment& g : s.segments) {
             const auto& first = g.indexes[static_cast<std::size_t>(layer * kv_heads)];
-            if (!g.stored && first && g.first_row + first->size() == covered) live = &g;
+            if (!g.stored && first && g.first_row + g.live_rows[layer_slot] == covered) live = &g;
         }
+        const bool grows = live != nullptr;
         if (!live) {
             // A new live segment; later layers find it by its first row.
             auto found = std::find_if(s.segments.begin(), s.segments.end(), [&](const Segment& g) {
@@ -212,6 +222,7 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
                 Segment segment;
                 segment.first_row = covered;
                 segment.indexes.resize(static_cast<std::size_t>(s.config.num_layers * kv_heads));
+                segment.live_rows.assign(static_cast<std::size_t>(s.config.num_layers), 0);
                 s.segments.push_back(std::move(segment));
                 std::sort(
                     s.segments.begin(), s.segments.end(),
@@ -221,31 +232,56 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys) {
                 });
             }
             live = &*found;
-            for (int64_t head = 0; head < kv_heads; ++head) {
-                auto& index = live->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
-                index = std::make_unique<DciIndex>(dim, s.projection);
-                const torch::Tensor k = index_keys(keys, head, covered, end - covered, 0, s.rope);
-                index->build(k.data_ptr<float>(), end - covered);
-            }
-        } else {
-            for (int64_t head = 0; head < kv_heads; ++head) {
-                const torch::Tensor k = index_keys(keys, head, covered, end - covered, 0, s.rope);
-                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)]->insert(
-                    k.data_ptr<float>(), end - covered);
-            }
+            for (int64_t head = 0; head < kv_heads; ++head)
+                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)] =
+                    std::make_unique<DciIndex>(dim, s.projection);
         }
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            DciIndex* index =
+                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)].get();
+            jobs.push_back(
+                [&rope = s.rope, index, keys, head, first = covered, count = end - covered, grows] {
+                    const torch::Tensor k = index_keys(keys, head, first, count, 0, rope);
+                    if (grows)
+                        index->insert(k.data_ptr<float>(), count);
+                    else
+                        index->build(k.data_ptr<float>(), count);
+                });
+        }
+        live->live_rows[layer_slot] += end - covered;
         stats_.indexed_tokens += (end - covered) * kv_heads;
         covered = end;
     }
-    stats_.index_seconds += since(index_started);
+}
+
+void SparseAttention::run_index_jobs(std::vector<std::function<void()>>& jobs) {
+    if (jobs.empty()) return;
+    const auto started = Clock::now();
+    // One job per (segment, layer, head); at::parallel_for hands them to the compute threads
+    // and rethrows the first failure (a stored index that does not fit its keys).
+    at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t job = begin; job < end; ++job)
+            jobs[static_cast<std::size_t>(job)]();
+    });
+    jobs.clear();
+    stats_.index_seconds += since(started);
 }
 
 void SparseAttention::prepare(const KvCache& cache) {
     if (options_.method != SparseMethod::icecache) return;
+    std::vector<std::function<void()>> jobs;
     for (int64_t layer = options_.dense_layers; layer < state_->config.num_layers; ++layer) {
         const torch::Tensor keys = cache.keys(layer);
-        if (chooses(layer, keys.size(1))) index_rows(layer, keys);
+        if (chooses(layer, keys.size(1))) index_rows(layer, keys, jobs);
     }
+    run_index_jobs(jobs);
+}
+
+void SparseAttention::prepare_layer(int64_t layer, const torch::Tensor& keys) {
+    if (options_.method != SparseMethod::icecache || !chooses(layer, keys.size(1))) return;
+    std::vector<std::function<void()>> jobs;
+    index_rows(layer, keys, jobs);
+    run_index_jobs(jobs);
 }
 
 bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const torch::Tensor& keys,
@@ -392,7 +428,9 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             rows[static_cast<std::size_t>(head)] = kept;
         }
     } else {  // icecache
-        index_rows(layer, keys);
+        std::vector<std::function<void()>> jobs;
+        index_rows(layer, keys, jobs);
+        run_index_jobs(jobs);
 
         const int64_t wanted = s.split.retrieved / options_.page_size;
         DciQueryOptions query_options;

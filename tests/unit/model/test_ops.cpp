@@ -124,6 +124,43 @@ TEST_CASE("RoPE rotations compose: shifting a rotated key equals rotating it fur
     }
 }
 
+TEST_CASE("Rope::shift's in-place path equals rotating by position tables, for every dtype",
+          "[ops][rope]") {
+    // shift() rotates host tensors with rotate_keys, split across threads; apply() with a
+    // constant position is the general path (GPU tensors, gradients): they must agree exactly.
+    for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
+        ModelConfig config;
+        config.head_dim = 64;
+        config.rope_theta = 500000;
+        config.rope_layout = layout;
+        config.rope_scaling = {RopeScalingType::llama3, 32.0, 1.0, 4.0, 8192};
+        const Rope rope(config);
+        // 3 heads x 5,000 rows: more than one parallel chunk of 4,096 rows.
+        const torch::Tensor keys = random_tensor({3, 5000, 64}, 31);
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+            const torch::Tensor x = keys.to(dtype);
+            for (int64_t delta : {int64_t{1}, int64_t{-77}, int64_t{131000}}) {
+                const torch::Tensor fast = rope.shift(x, delta);
+                const torch::Tensor general =
+                    rope.apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
+                CHECK(fast.scalar_type() == dtype);
+                CHECK(torch::equal(fast, general));
+            }
+            CHECK(torch::equal(rope.shift(x, 0), x));
+        }
+        // A non-contiguous view rotates like its contiguous copy, and the input is untouched.
+        const torch::Tensor view = keys.transpose(0, 1);
+        const torch::Tensor before = view.clone();
+        CHECK(torch::equal(rope.shift(view, 9), rope.shift(view.contiguous(), 9)));
+        CHECK(torch::equal(view, before));
+        // Gradients still flow through a shift (kvtrain realigns adapter keys).
+        const torch::Tensor leaf = keys.narrow(1, 0, 4).clone().requires_grad_(true);
+        rope.shift(leaf, 5).sum().backward();
+        REQUIRE(leaf.grad().defined());
+        CHECK(leaf.grad().abs().sum().item<double>() > 0);
+    }
+}
+
 TEST_CASE("kvpack's rotate_keys matches the float64 rotation and the runtime's Rope::shift",
           "[ops][rope]") {
     // kvpack realigns stored keys without libtorch; it must agree with both.
@@ -292,6 +329,47 @@ TEST_CASE("the gemv kernels match the float64 reference for f32 and bf16 weights
             const double tolerance =
                 dtype == torch::kFloat32 ? 1e-4 : 0.02 * std::sqrt(double(columns));
             CHECK(max_abs_difference(got, expected) < tolerance);
+        }
+    }
+}
+
+TEST_CASE("a few queries after a long cache match the float64 reference", "[ops][attention]") {
+    // The question after a cached context: 2-64 queries over >= 1,024 keys go query by query
+    // through the decoding kernel, each over the keys its position lets it see (here the
+    // queries' own keys come last, and positions have gaps, as in a packed compressed context).
+    const int64_t query_heads = 4, kv_heads = 2, head_dim = 16, cached = 1200;
+    for (int64_t queries : {2, 7, 64}) {
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+            const int64_t keys_count = cached + queries;
+            const torch::Tensor buffer_k =
+                random_tensor({kv_heads, keys_count + 10, head_dim}, 40).to(dtype);
+            const torch::Tensor buffer_v =
+                random_tensor({kv_heads, keys_count + 10, head_dim}, 41).to(dtype);
+            const torch::Tensor k = buffer_k.narrow(1, 0, keys_count),
+                                v = buffer_v.narrow(1, 0, keys_count);
+            const torch::Tensor q = random_tensor({query_heads, queries, head_dim}, 42).to(dtype);
+            // Cached tokens at 0, 2, 4, ... (gaps), then the queries' own positions.
+            const torch::Tensor key_positions =
+                torch::cat({torch::arange(0, 2 * cached, 2, torch::kInt64),
+                            torch::arange(2 * cached, 2 * cached + queries, torch::kInt64)});
+            const torch::Tensor query_positions = key_positions.narrow(0, cached, queries);
+            AttentionMask mask{query_positions, key_positions, 0, {}, {}};
+            torch::NoGradGuard no_grad;
+            const auto got = to_vector(attention(q, k, v, mask, 1.0 / std::sqrt(double(head_dim))));
+            std::vector<double> expected;
+            for (int64_t h = 0; h < query_heads; ++h)
+                for (int64_t t = 0; t < queries; ++t) {
+                    std::vector<reference::Vector> keys, values;
+                    std::vector<bool> visible;
+                    for (int64_t j = 0; j < keys_count; ++j) {
+                        keys.push_back(to_vector(k[h / 2][j]));
+                        values.push_back(to_vector(v[h / 2][j]));
+                        visible.push_back(j <= cached + t);
+                    }
+                    const auto out = reference::attend(to_vector(q[h][t]), keys, values, visible);
+                    expected.insert(expected.end(), out.begin(), out.end());
+                }
+            CHECK(max_abs_difference(got, expected) < (dtype == torch::kFloat32 ? 1e-5 : 2e-2));
         }
     }
 }

@@ -19,6 +19,7 @@
 
 #include <torch/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -80,12 +81,19 @@ class SparseAttention {
     /// (IceCache; others need nothing), so that this one-time work happens before decoding
     /// instead of inside its first step. select() does the same lazily when not called.
     void prepare(const KvCache& cache);
+    /// prepare() for one layer whose keys [Hkv, S, D] are final, while later layers are still
+    /// being computed (a document prefilled layer by layer). Calls for different layers must not
+    /// overlap each other or a decoding step.
+    void prepare_layer(int64_t layer, const torch::Tensor& keys);
 
     const SparseOptions& options() const { return options_; }
     const SparseStats& stats() const { return stats_; }
 
   private:
-    void index_rows(int64_t layer, const torch::Tensor& keys);  // rows that left the window
+    /// Adds to `jobs` the index work for the rows of `layer` that left the window.
+    void index_rows(int64_t layer, const torch::Tensor& keys,
+                    std::vector<std::function<void()>>& jobs);
+    void run_index_jobs(std::vector<std::function<void()>>& jobs);
     /// Whether layer `layer` over `tokens` cached tokens chooses rows (else attends to all).
     bool chooses(int64_t layer, int64_t tokens) const {
         return options_.method != SparseMethod::full && layer >= options_.dense_layers &&

@@ -1,0 +1,41 @@
+#include "kv/memory.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <fstream>
+#include <numeric>
+#include <string>
+
+TEST_CASE("a bulk-read resize keeps the contents and the new size", "[memory]") {
+    for (std::size_t count : {std::size_t{0}, std::size_t{10}, std::size_t{3} << 20}) {
+        std::vector<uint16_t> values(5);
+        std::iota(values.begin(), values.end(), 1);
+        kv::resize_for_bulk_read(values, count);
+        REQUIRE(values.size() == count);
+        for (std::size_t i = 0; i < std::min<std::size_t>(count, 5); ++i)
+            CHECK(values[i] == i + 1);
+        for (std::size_t i = 5; i < count; i += 4099)
+            CHECK(values[i] == 0);
+    }
+    // Shrinking keeps the front, as resize does.
+    std::vector<float> floats(100, 2.0f);
+    kv::resize_for_bulk_read(floats, 7);
+    CHECK(floats == std::vector<float>(7, 2.0f));
+}
+
+TEST_CASE("huge pages are only a hint", "[memory]") {
+    // Null, small, unaligned and large ranges are all accepted; the memory stays usable.
+    kv::advise_huge_pages(nullptr, std::size_t{8} << 20);
+    std::vector<char> small(100, 'a');
+    kv::advise_huge_pages(small.data(), small.size());
+    std::vector<char> large((std::size_t{9} << 20) + 123);
+    kv::advise_huge_pages(large.data() + 1, large.size() - 1);
+    large.back() = 'z';
+    CHECK(small.front() == 'a');
+    CHECK(large.back() == 'z');
+    std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string modes;
+    std::getline(setting, modes);
+    if (modes.empty()) WARN("transparent huge pages are not available here: the hint does nothing");
+}
