@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
     kv::cli::ComputeOptions compute;
     kv::cli::Verbosity verbosity;
     kv::ServeOptions options;
-    std::string prompt_file, stats_path;
+    std::string prompt_file, document_file, stats_path;
     std::vector<std::string> cache_paths;
     uint64_t seed = 0;
     bool no_bos = false;
@@ -30,6 +30,11 @@ int main(int argc, char** argv) {
         app.add_option("-f,--prompt-file", prompt_file,
                        "Read the prompt from a file ('-' for stdin)")
             ->excludes(prompt);
+        app.add_option("--document", document_file,
+                       "A long document to read before the prompt ('-': stdin), instead of "
+                       "--cache: prefilled layer by layer, IceCache indexing each layer while "
+                       "the next computes; the prompt may then be empty")
+            ->excludes("--cache");
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)
             ->check(CLI::NonNegativeNumber);
@@ -108,16 +113,23 @@ int main(int argc, char** argv) {
         options.use_mmap = compute.mmap;
         options.add_bos = !no_bos;
         if (app.count("--seed")) options.seed = seed;
-        if (!app.count("--prompt") && prompt_file.empty())
+        if (!app.count("--prompt") && prompt_file.empty() && document_file.empty())
             throw kv::UsageError("give the prompt with --prompt TEXT or --prompt-file FILE");
         options.caches = cache_paths;
-        const auto stdin_users =
-            std::count(cache_paths.begin(), cache_paths.end(), "-") + (prompt_file == "-");
+        const auto stdin_users = std::count(cache_paths.begin(), cache_paths.end(), "-") +
+                                 (prompt_file == "-") + (document_file == "-");
         if (stdin_users > 1) throw kv::UsageError("standard input ('-') can be read only once");
         if (!prompt_file.empty())
             options.prompt = prompt_file == "-"
                                  ? std::string(std::istreambuf_iterator<char>(std::cin), {})
                                  : kv::read_file_text(prompt_file);
+        if (!document_file.empty()) {
+            options.document = document_file == "-"
+                                   ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                                   : kv::read_file_text(document_file);
+            if (options.document.empty())
+                throw kv::FormatError("the document " + kv::quoted(document_file) + " is empty");
+        }
         const kv::ServeStats stats =
             kv::serve_once(options, [](std::string_view text) { kv::cli::write_stdout(text); });
         kv::cli::write_stdout("\n");

@@ -14,8 +14,14 @@
 #include "runtime.hpp"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
+#include <utility>
 
 namespace kv {
 namespace {
@@ -29,6 +35,65 @@ double seconds_since(Clock::time_point start) {
 std::span<const float> as_span(const torch::Tensor& logits) {
     return {logits.data_ptr<float>(), static_cast<std::size_t>(logits.numel())};
 }
+
+// Builds IceCache's indexes of the layers a layer-by-layer prefill has finished, on one worker
+// thread, in layer order, while the prefill computes the next layers.
+class BackgroundIndexer {
+  public:
+    BackgroundIndexer(SparseAttention& sparse, const KvCache& cache)
+        : sparse_(sparse), cache_(cache), worker_([this] { work(); }) {}
+    ~BackgroundIndexer() { finish(); }
+    BackgroundIndexer(const BackgroundIndexer&) = delete;
+    BackgroundIndexer& operator=(const BackgroundIndexer&) = delete;
+
+    void layer_done(int64_t layer) {
+        {
+            const std::lock_guard lock(mutex_);
+            layers_.push_back(layer);
+        }
+        wake_.notify_one();
+    }
+    /// Waits for the queued layers; rethrows the worker's failure.
+    void finish() {
+        {
+            const std::lock_guard lock(mutex_);
+            closed_ = true;
+        }
+        wake_.notify_one();
+        if (worker_.joinable()) worker_.join();
+        if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+    }
+
+  private:
+    void work() {
+        for (;;) {
+            int64_t layer = 0;
+            {
+                std::unique_lock lock(mutex_);
+                wake_.wait(lock, [this] { return closed_ || !layers_.empty(); });
+                if (layers_.empty()) return;
+                layer = layers_.front();
+                layers_.pop_front();
+            }
+            if (failure_) continue;  // drain the queue; the first failure is reported
+            try {
+                torch::NoGradGuard no_grad;
+                sparse_.prepare_layer(layer, cache_.keys(layer));
+            } catch (...) {
+                failure_ = std::current_exception();
+            }
+        }
+    }
+
+    SparseAttention& sparse_;
+    const KvCache& cache_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::deque<int64_t> layers_;
+    bool closed_ = false;
+    std::exception_ptr failure_;
+    std::thread worker_;  // last: started once everything above exists
+};
 
 }  // namespace
 
@@ -52,6 +117,8 @@ ServeStats serve_once(const ServeOptions& options,
     const ModelConfig& config = model.config();
     const int64_t context = config.max_position_embeddings;
     const bool has_bos = options.add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0;
+    if (!options.document.empty() && !options.caches.empty())
+        throw UsageError("--document and --cache are two ways to give the context: use one");
     if (!options.caches.empty() && options.prompt.empty())
         throw UsageError(
             "with --cache the prompt must not be empty: a cache holds the keys and values of "
@@ -126,11 +193,38 @@ ServeStats serve_once(const ServeOptions& options,
                             options.recompute == "cacheblend" ? options.recompute_ratio : 1.0, 1);
     }
 
+    torch::Tensor logits;
+    if (!options.document.empty()) {
+        std::vector<int32_t> document;
+        if (has_bos) document.push_back(tokenizer.bos_id());
+        for (int32_t id : tokenizer.encode(options.document))
+            document.push_back(id);
+        stats.document_tokens = static_cast<int64_t>(document.size());
+        if (stats.document_tokens >= context)
+            throw MismatchError("the document is " + std::to_string(stats.document_tokens) +
+                                " tokens, the model's context is " + std::to_string(context));
+        for (int32_t id : document)
+            streamer.push(id);
+        const auto document_start = Clock::now();
+        cache.reserve(stats.document_tokens + options.max_new_tokens + 64);
+        if (sparse && sparse_options.method == SparseMethod::icecache) {
+            BackgroundIndexer indexer(*sparse, cache);
+            logits = model.prefill_by_layer(document, cache, options.prefill_chunk,
+                                            [&](int64_t layer) { indexer.layer_done(layer); });
+            const auto wait_start = Clock::now();
+            indexer.finish();
+            stats.index_wait_seconds = seconds_since(wait_start);
+        } else {
+            logits = model.prefill_by_layer(document, cache, options.prefill_chunk);
+        }
+        stats.document_seconds = seconds_since(document_start);
+    }
+
     std::vector<int32_t> prompt;
     if (cache.length() == 0 && has_bos) prompt.push_back(tokenizer.bos_id());
     for (int32_t id : tokenizer.encode(options.prompt))
         prompt.push_back(id);
-    if (prompt.empty())
+    if (prompt.empty() && options.document.empty())
         throw UsageError("the prompt is empty and the tokenizer has no BOS token to start from");
     stats.prompt_tokens = static_cast<int64_t>(prompt.size());
     if (cache.next_position() + stats.prompt_tokens >= context)
@@ -146,8 +240,9 @@ ServeStats serve_once(const ServeOptions& options,
         streamer.push(id);
 
     const auto prompt_start = Clock::now();
-    torch::Tensor logits;
-    if (sparse && options.sparse_prompt) {
+    if (prompt.empty()) {
+        // A document and no prompt: continue the document from its own last logits.
+    } else if (sparse && options.sparse_prompt) {
         for (std::size_t i = 0; i < prompt.size(); ++i)
             logits = model.prefill(std::span<const int32_t>(prompt).subspan(i, 1), cache, 1,
                                    sparse.get());
@@ -232,6 +327,11 @@ json::Value stats_to_json(const ServeStats& stats) {
     result.set("time_to_first_token_seconds", stats.time_to_first_token_seconds);
     result.set("time_per_output_token_seconds", stats.time_per_output_token_seconds);
     result.set("decode_tokens_per_second", stats.decode_tokens_per_second);
+    if (stats.document_tokens > 0) {
+        result.set("document_tokens", stats.document_tokens);
+        result.set("document_seconds", stats.document_seconds);
+        result.set("index_wait_seconds", stats.index_wait_seconds);
+    }
     result.set("cache_tokens", stats.cache_tokens);
     result.set("cache_bytes_read", stats.cache_bytes_read);
     result.set("cache_load_seconds", stats.cache_load_seconds);

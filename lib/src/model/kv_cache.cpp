@@ -62,6 +62,18 @@ void KvCache::write(int64_t layer, const torch::Tensor& keys, const torch::Tenso
         valid_[static_cast<std::size_t>(layer)].narrow(1, length_, pending_).fill_(true);
 }
 
+void KvCache::write_part(int64_t layer, int64_t first, const torch::Tensor& keys,
+                         const torch::Tensor& values) {
+    const int64_t count = keys.size(1);
+    if (first < 0 || count != values.size(1) || first + count > pending_)
+        throw Error("kv cache: write of pending tokens [" + std::to_string(first) + ", " +
+                    std::to_string(first + count) + "), " + std::to_string(pending_) + " pending");
+    keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count).copy_(keys);
+    values_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count).copy_(values);
+    if (!valid_.empty())
+        valid_[static_cast<std::size_t>(layer)].narrow(1, length_ + first, count).fill_(true);
+}
+
 torch::Tensor KvCache::key_valid(int64_t layer) const {
     if (valid_.empty()) return {};
     return valid_.at(static_cast<std::size_t>(layer)).narrow(1, 0, visible());

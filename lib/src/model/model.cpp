@@ -425,6 +425,66 @@ torch::Tensor Model::logits(const torch::Tensor& hidden) const {
     return logits.scalar_type() == torch::kFloat64 ? logits : logits.to(torch::kFloat32);
 }
 
+torch::Tensor Model::prefill_by_layer(std::span<const int32_t> tokens, KvCache& cache,
+                                      int64_t chunk,
+                                      const std::function<void(int64_t layer)>& layer_done) const {
+    if (tokens.empty()) throw Error("prefill: no tokens");
+    if (chunk <= 0) throw UsageError("prefill chunk must be positive");
+    torch::NoGradGuard no_grad;
+    const int64_t count = static_cast<int64_t>(tokens.size());
+    const int64_t first_position = cache.next_position();
+    const torch::Tensor positions =
+        torch::arange(first_position, first_position + count,
+                      torch::TensorOptions().dtype(torch::kInt64).device(device_));
+    torch::Tensor x = embed(tokens);
+    cache.reserve(cache.length() + count);
+    const int64_t before = cache.length();
+    cache.begin_append(positions);
+    try {
+        const torch::Tensor key_positions = cache.positions();
+        for (std::size_t i = 0; i < layers_.size(); ++i) {
+            const Layer& layer = layers_[i];
+            const int64_t index = static_cast<int64_t>(i);
+            // Keys and values of the whole layer first, so that every query chunk finds the
+            // keys it may see; the queries are kept (the size of the hidden states).
+            std::vector<torch::Tensor> queries;
+            for (int64_t begin = 0; begin < count; begin += chunk) {
+                const int64_t rows = std::min(chunk, count - begin);
+                const Projected projected =
+                    project(layer, x.narrow(0, begin, rows), positions.narrow(0, begin, rows));
+                cache.write_part(index, begin, projected.keys, projected.values);
+                queries.push_back(projected.queries);
+            }
+            const torch::Tensor keys = cache.keys(index), values = cache.values(index);
+            const torch::Tensor valid = cache.key_valid(index);
+            torch::Tensor next = torch::empty_like(x);
+            for (int64_t begin = 0, part = 0; begin < count; begin += chunk, ++part) {
+                const int64_t rows = std::min(chunk, count - begin);
+                const int64_t seen = before + begin + rows;
+                const AttentionMask mask{positions.narrow(0, begin, rows),
+                                         key_positions.narrow(0, 0, seen),
+                                         config_.sliding_window,
+                                         {},
+                                         valid.defined() ? valid.narrow(1, 0, seen) : valid};
+                const torch::Tensor h =
+                    x.narrow(0, begin, rows) +
+                    attend(layer, queries[static_cast<std::size_t>(part)], keys.narrow(1, 0, seen),
+                           values.narrow(1, 0, seen), mask);
+                next.narrow(0, begin, rows).copy_(h + mlp_block(layer, h));
+            }
+            x = next;
+            if (layer_done) layer_done(index);
+        }
+        cache.commit();
+    } catch (...) {
+        cache.rollback();
+        throw;
+    }
+    return logits(rms_norm(x.narrow(0, count - 1, 1), final_norm_, config_.rms_norm_eps))
+        .select(0, 0)
+        .to(torch::kCPU);
+}
+
 torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk,
                              SparseAttention* sparse, QueryObserver* observer) const {
     if (tokens.empty()) throw Error("prefill: no tokens");

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <numeric>
+
 using namespace kv;
 
 namespace {
@@ -62,6 +64,28 @@ TEST_CASE("the decoder matches the float64 reference for every architecture", "[
             }
             CHECK(incremental.length() == static_cast<int64_t>(ids.size()));
             CHECK(incremental.next_position() == static_cast<int64_t>(ids.size()));
+
+            // Layer by layer (kvserve-once --document), after two tokens prefilled as usual, in
+            // chunks of 3: the same logits and the same cache, each layer reported once, in order.
+            KvCache by_layer = model->new_cache(2);
+            model->prefill(std::span<const int32_t>(ids).first(2), by_layer);
+            std::vector<int64_t> finished;
+            const torch::Tensor last = model->prefill_by_layer(
+                std::span<const int32_t>(ids).subspan(2), by_layer, 3, [&](int64_t layer) {
+                    finished.push_back(layer);
+                    // Its keys are final while later layers compute.
+                    CHECK(torch::allclose(by_layer.keys(layer), whole.keys(layer), 1e-5, 1e-5));
+                });
+            CHECK(max_logit_difference(last.unsqueeze(0), expected, ids.size() - 1) < 1e-4);
+            std::vector<int64_t> every_layer(static_cast<std::size_t>(config.num_layers));
+            std::iota(every_layer.begin(), every_layer.end(), 0);
+            CHECK(finished == every_layer);
+            REQUIRE(by_layer.length() == static_cast<int64_t>(ids.size()));
+            CHECK(by_layer.next_position() == static_cast<int64_t>(ids.size()));
+            for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+                CHECK(torch::allclose(by_layer.keys(layer), whole.keys(layer), 1e-5, 1e-5));
+                CHECK(torch::allclose(by_layer.values(layer), whole.values(layer), 1e-5, 1e-5));
+            }
         }
     }
 }

@@ -25,6 +25,10 @@ struct ServeOptions {
     /// packet), "-" (standard input).
     std::vector<std::string> caches;
     std::string prompt;
+    /// A long document to read before the prompt (kvserve-once --document), instead of --cache
+    /// packets: prefilled layer by layer, IceCache building each layer's index on a worker
+    /// thread while the next layer computes. Empty: none.
+    std::string document;
     bool echo = false;    ///< emit the prompt text before the continuation
     bool add_bos = true;  ///< start with BOS when the tokenizer has one and asks for it
     int64_t max_new_tokens = 256;
@@ -64,6 +68,11 @@ struct ServeStats {
     std::string stop_reason;  ///< "eos", "length" (max_new_tokens) or "context" (the model's limit)
     double load_seconds = 0;
     double prefill_seconds = 0;
+    int64_t document_tokens = 0;  ///< tokens of --document (BOS included)
+    double document_seconds = 0;  ///< prefilling it, indexes included
+    /// After its last layer, waiting for the index worker (the part of the index work that
+    /// did not overlap the prefill).
+    double index_wait_seconds = 0;
     int64_t cache_tokens = 0;          ///< tokens taken from --cache files
     int64_t cache_bytes_read = 0;      ///< bytes of keys and values read from them
     double cache_load_seconds = 0;     ///< reading them (included in time to first token)

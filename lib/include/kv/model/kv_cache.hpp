@@ -35,6 +35,10 @@ class KvCache {
     void begin_append(const torch::Tensor& positions);
     /// Stores layer `layer`'s keys and values [kv_heads, T, head_dim] for the pending tokens.
     void write(int64_t layer, const torch::Tensor& keys, const torch::Tensor& values);
+    /// Stores pending tokens [first, first + T) of layer `layer` (keys, values [kv_heads, T,
+    /// head_dim]): a layer computed in parts, as a document prefilled layer by layer is.
+    void write_part(int64_t layer, int64_t first, const torch::Tensor& keys,
+                    const torch::Tensor& values);
     void commit();
     /// Drops pending tokens (after an error mid-forward).
     void rollback();

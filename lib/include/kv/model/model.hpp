@@ -15,6 +15,7 @@
 #include <torch/utils.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -150,6 +151,16 @@ class Model {
     torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk = 512,
                           SparseAttention* sparse = nullptr,
                           QueryObserver* observer = nullptr) const;
+
+    /// prefill() computed layer by layer instead of chunk by chunk: every token goes through
+    /// layer i (in chunks of `chunk` rows, each query chunk reading the keys up to its own)
+    /// before any reaches layer i + 1, and `layer_done(i)` runs as soon as layer i's keys and
+    /// values are in the cache (pending until the end), so that work on them (an index) can
+    /// overlap the later layers. Needs a cache whose positions grow with its slots. Returns the
+    /// last token's logits [vocab] (float32, CPU).
+    torch::Tensor prefill_by_layer(std::span<const int32_t> tokens, KvCache& cache,
+                                   int64_t chunk = 512,
+                                   const std::function<void(int64_t layer)>& layer_done = {}) const;
 
   private:
     struct Layer {
