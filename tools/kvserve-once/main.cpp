@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
             ->excludes(prompt);
         app.add_option("--document", document_file,
                        "A long document to read before the prompt ('-': stdin), instead of "
-                       "--cache: prefilled layer by layer, IceCache indexing each layer while "
-                       "the next computes; the prompt may then be empty")
+                       "--cache: prefilled layer by layer, IceCache indexing each layer as it "
+                       "is done; the prompt may then be empty")
             ->excludes("--cache");
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)

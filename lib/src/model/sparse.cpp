@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 namespace kv {
 
@@ -500,6 +501,54 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         }
     }
     return true;
+}
+
+IndexWorker::IndexWorker(SparseAttention& sparse, const KvCache& cache)
+    : sparse_(sparse), cache_(cache), worker_([this] { work(); }) {}
+
+IndexWorker::~IndexWorker() {
+    try {
+        finish();
+    } catch (...) {  // the caller is already unwinding from another error
+    }
+}
+
+void IndexWorker::layer_done(int64_t layer) {
+    {
+        const std::lock_guard lock(mutex_);
+        layers_.push_back(layer);
+    }
+    wake_.notify_one();
+}
+
+void IndexWorker::finish() {
+    {
+        const std::lock_guard lock(mutex_);
+        closed_ = true;
+    }
+    wake_.notify_one();
+    if (worker_.joinable()) worker_.join();
+    if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+void IndexWorker::work() {
+    for (;;) {
+        int64_t layer = 0;
+        {
+            std::unique_lock lock(mutex_);
+            wake_.wait(lock, [this] { return closed_ || !layers_.empty(); });
+            if (layers_.empty()) return;
+            layer = layers_.front();
+            layers_.pop_front();
+        }
+        if (failure_) continue;  // drain the queue; the first failure is reported
+        try {
+            torch::NoGradGuard no_grad;
+            sparse_.prepare_layer(layer, cache_.keys(layer));
+        } catch (...) {
+            failure_ = std::current_exception();
+        }
+    }
 }
 
 torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Tensor& keys,

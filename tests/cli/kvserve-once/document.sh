@@ -20,11 +20,11 @@ s = json.load(open("stats.json"))
 prompt = s["prompt_tokens"]
 print("document tokens > 1000:", s["document_tokens"] > 1000, "| cache tokens:", s["cache_tokens"])
 # Every row that left the 16-token window was indexed, in the two sparse layers of the demo
-# model's four, for its two kv heads: the document's while it was prefilled (the worker), the
-# prompt's and 7 generated tokens' after it.
+# model's four, for its two kv heads: the document's as each layer was done (inline on the host;
+# the worker thread serves accelerators), the prompt's and 7 generated tokens' after it.
 rows = s["document_tokens"] + prompt + 7
 print("indexed rows:", s["indexed_tokens"] == (rows - 16) * 2 * 2, "| index built:", s["index_seconds"] > 0,
-      "| waited for the worker:", s["index_wait_seconds"] >= 0)
+      "| no worker on the host:", s["index_wait_seconds"] == 0)
 PY
 kvserve-once -m "$demo" --temp 0 -n 4 --ignore-eos --document document.txt > continued.txt &&
     echo "continued: $(wc -w < continued.txt) words"

@@ -2,6 +2,7 @@
 // each method's choice against brute force, and IceCache over a packed (rotated) index.
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
+#include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
 #include "kv/model/sparse.hpp"
 #include "random_model.hpp"
@@ -227,5 +228,50 @@ TEST_CASE("a packed index, its keys rotated, still finds the best tokens", "[spa
             (queries[h][0].unsqueeze(0) * rotated[head].narrow(0, 0, total - 16)).sum(1);
         const auto& chosen = rows[static_cast<std::size_t>(head)];
         CHECK(std::binary_search(chosen.begin(), chosen.end(), scores.argmax().item<int64_t>()));
+    }
+}
+
+TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as prepare()'s",
+          "[sparse]") {
+    // kvserve-once --document on an accelerator: the worker indexes each layer as the prefill
+    // finishes it. Its indexes must be the ones prepare() builds from the finished cache.
+    ModelConfig config = sparse_config(4);
+    testing::TwinModel twin = testing::make_random_model(config, 11);
+    auto model = Model::from_weights(std::move(twin.weights), torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 700; ++i)
+        ids.push_back(static_cast<int32_t>((i * 37 + i / 5) % config.vocab_size));
+    SparseOptions options;
+    options.method = SparseMethod::icecache;
+    options.budget = 64;
+    options.dense_layers = 1;
+
+    KvCache cache = model->new_cache();
+    SparseAttention by_worker(config, model->rope(), options);
+    std::vector<int64_t> queued;
+    {
+        IndexWorker worker(by_worker, cache);
+        model->prefill_by_layer(ids, cache, 128, [&](int64_t layer) {
+            queued.push_back(layer);
+            worker.layer_done(layer);
+        });
+        worker.finish();
+    }
+    CHECK(queued == std::vector<int64_t>{0, 1, 2, 3});
+    SparseAttention after(config, model->rope(), options);
+    after.prepare(cache);
+    // Every row outside the 16-token window, in 3 sparse layers, for each kv head.
+    CHECK(by_worker.stats().indexed_tokens == (700 - 16) * 3 * kv_heads);
+    CHECK(after.stats().indexed_tokens == by_worker.stats().indexed_tokens);
+
+    torch::manual_seed(12);
+    for (int64_t layer = 1; layer < 4; ++layer) {
+        const torch::Tensor queries = torch::randn({query_heads, 1, dim});
+        std::vector<std::vector<int64_t>> chosen_by_worker, chosen_after;
+        REQUIRE(by_worker.select(layer, queries, cache.keys(layer), chosen_by_worker));
+        REQUIRE(after.select(layer, queries, cache.keys(layer), chosen_after));
+        CHECK(chosen_by_worker == chosen_after);
+        check_shape_of_choice(chosen_by_worker, 700, split_budget(64, 16));
     }
 }

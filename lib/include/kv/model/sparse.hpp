@@ -19,9 +19,14 @@
 
 #include <torch/types.h>
 
+#include <condition_variable>
+#include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kv {
@@ -104,6 +109,35 @@ class SparseAttention {
     std::unique_ptr<State> state_;
     SparseOptions options_;
     SparseStats stats_;
+};
+
+/// Builds IceCache's indexes of the layers a layer-by-layer prefill (Model::prefill_by_layer)
+/// has finished, on one worker thread, in layer order, while the prefill computes the next
+/// layers: the overlap IceCache gets when the layers run on an accelerator and the host is
+/// free. Each layer's keys must be final when layer_done() is called.
+class IndexWorker {
+  public:
+    IndexWorker(SparseAttention& sparse, const KvCache& cache);
+    /// Joins the worker (a failure not collected by finish() is dropped).
+    ~IndexWorker();
+    IndexWorker(const IndexWorker&) = delete;
+    IndexWorker& operator=(const IndexWorker&) = delete;
+
+    void layer_done(int64_t layer);
+    /// Waits for every queued layer; rethrows the first failure.
+    void finish();
+
+  private:
+    void work();
+
+    SparseAttention& sparse_;
+    const KvCache& cache_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::deque<int64_t> layers_;
+    bool closed_ = false;
+    std::exception_ptr failure_;
+    std::thread worker_;  // last: started once everything above exists
 };
 
 /// Exact attention of one token's queries [Hq, 1, D] over the chosen rows of each kv head of
