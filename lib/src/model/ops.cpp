@@ -243,10 +243,15 @@ torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
 
 }  // namespace
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const AttentionMask& mask, double scale) {
+namespace {
+
+// `whole_call`: q holds every query of the call, not one block of a longer prefill (whose
+// blocks would otherwise look like a few queries and go query by query, reading all keys once
+// per query instead of once per block).
+torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const AttentionMask& mask, double scale, bool whole_call) {
     if (k.size(1) > 0 && use_decode_kernel(q, k, v, mask)) return attention_decode(q, k, v, scale);
-    if (use_per_query_decode(q, k, v, mask)) {
+    if (whole_call && use_per_query_decode(q, k, v, mask)) {
         const torch::Tensor key_positions = mask.key_positions.to(torch::kCPU).contiguous();
         const torch::Tensor query_positions = mask.query_positions.to(torch::kCPU).contiguous();
         const int64_t* first = key_positions.data_ptr<int64_t>();
@@ -276,7 +281,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
             AttentionMask part = mask;
             part.query_positions = mask.query_positions.narrow(0, begin, count);
             if (mask.allow.defined()) part.allow = mask.allow.narrow(0, begin, count);
-            outputs.push_back(attention(q.narrow(1, begin, count), k, v, part, scale));
+            outputs.push_back(attention_part(q.narrow(1, begin, count), k, v, part, scale, false));
         }
         return torch::cat(outputs, 1);
     }
@@ -317,6 +322,13 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     if (allowed.defined()) probabilities = probabilities.masked_fill(allowed.logical_not(), 0.0);
     probabilities = probabilities.view({kv_heads, group * tokens, keys}).to(v.scalar_type());
     return torch::bmm(probabilities, v).view({query_heads, tokens, head_dim});
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask, double scale) {
+    return attention_part(q, k, v, mask, scale, true);
 }
 
 }  // namespace kv
