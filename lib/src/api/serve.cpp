@@ -183,13 +183,12 @@ ServeStats serve_once(const ServeOptions& options,
         streamer.push(id);
 
     const auto prompt_start = Clock::now();
-    if (prompt.empty()) {
-        // A document and no prompt: continue the document from its own last logits.
-    } else if (sparse && options.sparse_prompt) {
+    // Without a prompt (a document alone) decoding continues from the document's logits.
+    if (!prompt.empty() && sparse && options.sparse_prompt) {
         for (std::size_t i = 0; i < prompt.size(); ++i)
             logits = model.prefill(std::span<const int32_t>(prompt).subspan(i, 1), cache, 1,
                                    sparse.get());
-    } else {
+    } else if (!prompt.empty()) {
         logits = model.prefill(prompt, cache, options.prefill_chunk);
     }
     // Restoring the stored indexes is setup: it belongs to the time to first token, not to
