@@ -152,8 +152,9 @@ ServeStats serve_once(const ServeOptions& options,
             stats.index_wait_seconds = seconds_since(wait_start);
         } else if (sparse && sparse_options.method == SparseMethod::icecache) {
             // On the host the prefill already keeps every core busy: a worker thread only
-            // competed with it (scripts/bench-document: 0.88x at 8k tokens), so each layer is
-            // indexed on all cores as soon as it is done.
+            // competed with it (scripts/bench-document, when the worker ran on the CPU too:
+            // 0.90x at 2k tokens, 0.88x at 8k, one run each), so each layer is indexed on all
+            // cores as soon as it is done.
             logits = model.prefill_by_layer(
                 document, cache, options.prefill_chunk,
                 [&](int64_t layer) { sparse->prepare_layer(layer, cache.keys(layer)); });
