@@ -220,7 +220,7 @@ TEST_CASE("streaming keeps the sinks and the most recent tokens", "[compress]") 
     CHECK(out.logical_length == tokens);
 }
 
-TEST_CASE("random scores are seeded and uniform in [0, 1)", "[compress]") {
+TEST_CASE("random scores are seeded and uniform between 0 and 1", "[compress]") {
     const Inputs in = random_inputs(4);
     CompressionSettings settings = settings_for(CompressionMethod::random);
     const Rope rope = test_rope();
