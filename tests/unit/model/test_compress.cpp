@@ -512,7 +512,7 @@ TEST_CASE("each head keeps its own tokens, stored per head and read back", "[com
     CHECK_FALSE(reader.read("plain").ragged());
 }
 
-TEST_CASE("--keep-adapters never prunes header and trailer tokens", "[compress]") {
+TEST_CASE("with --keep-adapters header and trailer tokens are never pruned", "[compress]") {
     const CacheModelInfo model = small_model_info();
     CompressionSettings settings = settings_for(CompressionMethod::knorm);
     settings.keep_tokens = 5;
