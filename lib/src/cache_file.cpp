@@ -1671,6 +1671,19 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
 }  // namespace
 
 Packet CacheReader::read(const std::string& id) const {
+    return read_packet(id, true, nullptr);
+}
+
+Packet CacheReader::read_without_tensors(const std::string& id) const {
+    return read_packet(id, false, nullptr);
+}
+
+void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receive) const {
+    read_packet(id, false, &receive);
+}
+
+Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
+                                const PlaneReceiver* receive) const {
     const State& s = *state_;
     const PacketInfo& info = packet_info(id);
     const std::size_t ordinal = s.by_id.at(id);
@@ -1716,6 +1729,7 @@ Packet CacheReader::read(const std::string& id) const {
             in.fail("position " + std::to_string(position) + " is outside [0, logical_length " +
                     std::to_string(info.logical_length) + ")");
 
+    const bool quantized = H5Lexists(g, "quantized", H5P_DEFAULT) > 0;
     std::size_t bytes = 0;
     try {
         bytes = checked_elements({m.num_layers, m.num_kv_heads, info.stored_length, m.head_dim}) *
@@ -1724,12 +1738,12 @@ Packet CacheReader::read(const std::string& id) const {
         in.fail("stored_length " + std::to_string(info.stored_length) + " is too large");
     }
     // A sparse or hostile file can declare more than fits; fail rather than meet the OOM killer.
-    if (bytes > memory_bytes() / 2)
+    if ((with_tensors || quantized) && bytes > memory_bytes() / 2)
         in.fail("its keys and values need " + std::to_string(2 * bytes) +
                 " bytes, more than this machine's memory");
-    // A tensor in the file's dtype, of the given shape (keys, values, a quantised residual).
-    auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
-                           std::vector<std::byte>& target) {
+    // A dataset of keys or values in the file's dtype and of the given shape, and the memory
+    // type it is read as.
+    auto open_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens) {
         const std::vector<hsize_t> expected = {static_cast<hsize_t>(m.num_layers),
                                                static_cast<hsize_t>(m.num_kv_heads), tokens,
                                                static_cast<hsize_t>(m.head_dim)};
@@ -1767,6 +1781,12 @@ Packet CacheReader::read(const std::string& id) const {
         if (!matches)
             in.fail(kv::quoted(name) + " are not stored as " + cache_dtype_name(m.dtype) +
                     " (the file's dtype)");
+        return std::pair<Handle, hid_t>(std::move(dataset), memory_type);
+    };
+    // A whole tensor (keys, values, a quantised residual).
+    auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
+                           std::vector<std::byte>& target) {
+        auto [dataset, memory_type] = open_tensor(parent, name, tokens);
         resize_for_bulk_read(target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) *
                                          tokens * static_cast<std::size_t>(m.head_dim) *
                                          cache_dtype_size(m.dtype));
@@ -1774,7 +1794,35 @@ Packet CacheReader::read(const std::string& id) const {
             H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));
     };
-    if (H5Lexists(g, "quantized", H5P_DEFAULT) > 0) {
+    if (receive && !quantized) {
+        // One (layer, kv-head) plane at a time: the chunks [1, 1, T, D] are read in order and
+        // memory holds one plane, however long the packet.
+        const std::size_t plane_bytes = static_cast<std::size_t>(info.stored_length) *
+                                        static_cast<std::size_t>(m.head_dim) *
+                                        cache_dtype_size(m.dtype);
+        std::vector<std::byte> plane(plane_bytes);
+        for (const bool keys : {true, false}) {
+            const char* name = keys ? "keys" : "values";
+            auto [dataset, memory_type] = open_tensor(g, name, length);
+            const hsize_t count[4] = {1, 1, length, static_cast<hsize_t>(m.head_dim)};
+            Handle memory_space(H5Screate_simple(4, count, nullptr), H5Sclose);
+            Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+            for (int64_t layer = 0; layer < m.num_layers; ++layer)
+                for (int64_t head = 0; head < m.num_kv_heads; ++head) {
+                    if (plane_bytes > 0) {
+                        const hsize_t start[4] = {static_cast<hsize_t>(layer),
+                                                  static_cast<hsize_t>(head), 0, 0};
+                        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr,
+                                                count, nullptr) < 0 ||
+                            H5Dread(dataset.get(), memory_type, memory_space.get(),
+                                    file_space.get(), H5P_DEFAULT, plane.data()) < 0)
+                            in.fail_hdf5("cannot read " + kv::quoted(name));
+                    }
+                    (*receive)(layer, head, keys, plane);
+                }
+        }
+    }
+    if (quantized && (with_tensors || receive)) {
         if (!s.quantized_declared)
             in.fail("is quantised but the file does not list the feature " +
                     kv::quoted(quantized_feature));
@@ -1815,9 +1863,27 @@ Packet CacheReader::read(const std::string& id) const {
                 tensor, m.dtype, planes, info.stored_length, m.head_dim, quantization);
         }
         packet.stored_quantized = std::move(payload);
-    } else {
+    } else if (with_tensors) {
         read_tensor(g, "keys", length, packet.keys);
         read_tensor(g, "values", length, packet.values);
+    }
+    if (receive && quantized) {
+        // Dequantised whole (the codes are read in one piece), then handed out plane by plane.
+        const std::size_t plane_bytes = static_cast<std::size_t>(info.stored_length) *
+                                        static_cast<std::size_t>(m.head_dim) *
+                                        cache_dtype_size(m.dtype);
+        for (const bool keys : {true, false}) {
+            std::vector<std::byte>& tensor = keys ? packet.keys : packet.values;
+            for (int64_t layer = 0; layer < m.num_layers; ++layer)
+                for (int64_t head = 0; head < m.num_kv_heads; ++head)
+                    (*receive)(
+                        layer, head, keys,
+                        std::span<const std::byte>(tensor).subspan(
+                            static_cast<std::size_t>(layer * m.num_kv_heads + head) * plane_bytes,
+                            plane_bytes));
+            tensor = {};
+        }
+        packet.stored_quantized.reset();
     }
     if (H5Lexists(g, "head_lengths", H5P_DEFAULT) > 0 ||
         H5Lexists(g, "head_positions", H5P_DEFAULT) > 0) {

@@ -1,8 +1,18 @@
 #include "kv/memory.hpp"
 
+#include "kv/error.hpp"
+
+#include <fcntl.h>
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include <unistd.h>
 
 namespace kv {
 
@@ -18,6 +28,77 @@ void advise_huge_pages(void* data, std::size_t bytes) {
     (void)data;
     (void)bytes;
 #endif
+}
+
+void drop_mapped_file_pages(const void* data, std::size_t bytes) {
+    if (data == nullptr || bytes == 0) return;
+    const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
+    const std::uintptr_t first = begin & ~(page - 1);
+    const std::uintptr_t last = (begin + bytes + page - 1) & ~(page - 1);
+    (void)madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+FileArena::FileArena(const std::filesystem::path& folder) : folder_(folder) {
+    if (folder_.empty()) {
+        const char* tmpdir = std::getenv("TMPDIR");
+        folder_ = tmpdir && *tmpdir ? tmpdir : "/tmp";
+    }
+    // Unnamed, so that nothing is left behind however the process ends.
+    fd_ = open(folder_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ < 0) {  // a file system without O_TMPFILE: a named file, unlinked at once
+        std::string pattern = (folder_ / ".kvtools-offload-XXXXXX").string();
+        fd_ = mkostemp(pattern.data(), O_CLOEXEC);
+        if (fd_ >= 0) unlink(pattern.c_str());
+    }
+    if (fd_ < 0)
+        throw IoError("cannot create a temporary file in " + kv::quoted(folder_.string()) +
+                      " to offload to: " + std::strerror(errno));
+}
+
+FileArena::~FileArena() {
+    for (const std::span<std::byte>& mapping : mappings_)
+        munmap(mapping.data(), mapping.size());
+    if (fd_ >= 0) close(fd_);
+}
+
+FileArena::Region FileArena::allocate(std::size_t bytes) {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t rounded = std::max<std::size_t>(page, (bytes + page - 1) / page * page);
+    const std::lock_guard lock(mutex_);
+    const std::size_t offset = size_;
+    const std::string where = kv::quoted(folder_.string());
+    if (ftruncate(fd_, static_cast<off_t>(offset + rounded)) != 0)
+        throw IoError("cannot grow the offload file in " + where + " to " +
+                      std::to_string(offset + rounded) + " bytes: " + std::strerror(errno));
+    void* data =
+        mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(offset));
+    if (data == MAP_FAILED)
+        throw IoError("cannot map the offload file in " + where + ": " + std::strerror(errno));
+    // Read no further than asked: rows are wanted here and there.
+    (void)madvise(data, rounded, MADV_RANDOM);
+    size_ = offset + rounded;
+    mappings_.emplace_back(static_cast<std::byte*>(data), rounded);
+    return {{static_cast<std::byte*>(data), bytes}, offset};
+}
+
+void FileArena::read(std::size_t offset, std::size_t bytes, void* out) const {
+    auto* target = static_cast<std::byte*>(out);
+    while (bytes > 0) {
+        const ssize_t got = pread(fd_, target, bytes, static_cast<off_t>(offset));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+            throw IoError("cannot read the offload file in " + kv::quoted(folder_.string()) + ": " +
+                          (got < 0 ? std::strerror(errno) : "unexpected end of file"));
+        target += got;
+        offset += static_cast<std::size_t>(got);
+        bytes -= static_cast<std::size_t>(got);
+    }
+}
+
+std::size_t FileArena::size() const {
+    const std::lock_guard lock(mutex_);
+    return size_;
 }
 
 }  // namespace kv

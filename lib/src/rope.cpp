@@ -15,7 +15,8 @@ std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta_value
     std::vector<float> frequencies(static_cast<std::size_t>(half));
     const float theta = static_cast<float>(theta_value);
     for (int64_t i = 0; i < half; ++i)
-        frequencies[i] = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+        frequencies[i] =
+            1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
 
     if (scaling.type == RopeScalingType::linear) {
         for (float& f : frequencies)

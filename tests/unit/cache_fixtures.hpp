@@ -3,10 +3,14 @@
 
 #include "kv/cache_file.hpp"
 
+#include <catch2/catch.hpp>
+
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kv::test {
@@ -72,6 +76,24 @@ inline void write_store(const std::filesystem::path& path, const kv::CacheModelI
     for (const kv::Packet& packet : packets)
         writer.add(packet);
     writer.finish();
+}
+
+/// The keys and values read_planes() hands out, laid end to end in the order received:
+/// [layers, kv_heads, S, head_dim] each, as Packet holds them.
+inline std::pair<std::vector<std::byte>, std::vector<std::byte>> read_all_planes(
+    const CacheReader& reader, const std::string& id) {
+    std::pair<std::vector<std::byte>, std::vector<std::byte>> planes;
+    int64_t expected = 0;  // (layer, head) in order, keys first
+    const int64_t per_tensor = reader.model().num_layers * reader.model().num_kv_heads;
+    reader.read_planes(id, [&](int64_t layer, int64_t head, bool keys,
+                               std::span<const std::byte> plane) {
+        REQUIRE(layer * reader.model().num_kv_heads + head + (keys ? 0 : per_tensor) == expected);
+        ++expected;
+        auto& target = keys ? planes.first : planes.second;
+        target.insert(target.end(), plane.begin(), plane.end());
+    });
+    REQUIRE(expected == 2 * per_tensor);
+    return planes;
 }
 
 }  // namespace kv::test

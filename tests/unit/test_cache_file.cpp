@@ -107,6 +107,16 @@ TEST_CASE("cache files round-trip every dtype with several packets", "[cache_fil
         CHECK(info.stored_length == packets[i].stored_length());
         CHECK(info.logical_length == packets[i].logical_length);
         check_same_packet(reader.read(info.id), packets[i]);
+        // Plane by plane, and without tensors, the same packet.
+        const auto [keys, values] = kv::test::read_all_planes(reader, info.id);
+        CHECK(keys == packets[i].keys);
+        CHECK(values == packets[i].values);
+        kv::Packet bare = reader.read_without_tensors(info.id);
+        CHECK(bare.keys.empty());
+        CHECK(bare.values.empty());
+        bare.keys = keys;
+        bare.values = values;
+        check_same_packet(bare, packets[i]);
     }
     CHECK(reader.packet_info("one").logical_length == 10);
     CHECK_THROWS_AS(reader.packet_info("absent"), kv::Error);

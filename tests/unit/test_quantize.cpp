@@ -139,6 +139,10 @@ TEST_CASE("quantised packets round-trip through the file, dequantised on read", 
                               dtype, planes, 40, model.head_dim, packet.quantization);
         CHECK(back.keys == expected);
         CHECK(back.quantization == packet.quantization);
+        // Plane by plane: dequantised the same.
+        const auto [keys, values] = test::read_all_planes(reader, "q");
+        CHECK(keys == back.keys);
+        CHECK(values == back.values);
         // Written again (kvindex, merge), the dequantised values quantise to themselves.
         const auto path2 = dir.path() / (std::string(cache_dtype_name(dtype)) + "-again.kvc");
         {

@@ -79,6 +79,15 @@ int main(int argc, char** argv) {
         app.add_flag("--sparse-prompt", options.sparse_prompt,
                      "Feed the prompt one token at a time through the sparse attention too, so "
                      "that no step reads the cached context densely");
+        app.add_option("--offload", options.offload,
+                       "Where the --cache keys and values stay while decoding: host (memory) or "
+                       "disk (a temporary file, pages read as a step needs them; the prompt "
+                       "then goes through the sparse attention too)")
+            ->default_val("host")
+            ->check(CLI::IsMember({"host", "disk"}));
+        app.add_option("--offload-dir", options.offload_dir,
+                       "Folder for --offload disk's temporary file (default: $TMPDIR or /tmp)")
+            ->check(CLI::ExistingDirectory);
         app.add_flag("--measure-recall", options.measure_recall,
                      "Also compute full attention at each step and report, per layer, the share "
                      "of its mass on the tokens attended to (in --stats)");
@@ -119,14 +128,13 @@ int main(int argc, char** argv) {
         const auto stdin_users = std::count(cache_paths.begin(), cache_paths.end(), "-") +
                                  (prompt_file == "-") + (document_file == "-");
         if (stdin_users > 1) throw kv::UsageError("standard input ('-') can be read only once");
-        if (!prompt_file.empty())
-            options.prompt = prompt_file == "-"
-                                 ? std::string(std::istreambuf_iterator<char>(std::cin), {})
-                                 : kv::read_file_text(prompt_file);
+        auto read_text = [](const std::string& path) {
+            return path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                               : kv::read_file_text(path);
+        };
+        if (!prompt_file.empty()) options.prompt = read_text(prompt_file);
         if (!document_file.empty()) {
-            options.document = document_file == "-"
-                                   ? std::string(std::istreambuf_iterator<char>(std::cin), {})
-                                   : kv::read_file_text(document_file);
+            options.document = read_text(document_file);
             if (options.document.empty())
                 throw kv::FormatError("the document " + kv::quoted(document_file) + " is empty");
         }

@@ -14,9 +14,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -187,6 +189,16 @@ class CacheReader {
 
     /// Reads one packet with its tensors, verifying checksums and shapes.
     Packet read(const std::string& id) const;
+    /// read() without keys and values (both left empty): positions, token ids, the index.
+    Packet read_without_tensors(const std::string& id) const;
+    /// Receives one (layer, kv-head) plane of keys or values, [stored_length, head_dim] in the
+    /// file's dtype; the bytes are valid during the call only.
+    using PlaneReceiver = std::function<void(int64_t layer, int64_t head, bool keys,
+                                             std::span<const std::byte> plane)>;
+    /// Hands the packet's keys (every plane in (layer, head) order), then its values, to
+    /// `receive`, reading one plane at a time: memory holds one plane however long the packet
+    /// (a quantised packet is dequantised whole first).
+    void read_planes(const std::string& id, const PlaneReceiver& receive) const;
     /// Whether the packet carries an IceCache index (section 6.5), without reading it.
     bool has_index(const std::string& id) const;
     /// Whether the packet keeps different tokens per head (section 6.3), without reading it.
@@ -201,6 +213,8 @@ class CacheReader {
 
   private:
     bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset
+    Packet read_packet(const std::string& id, bool with_tensors,
+                       const PlaneReceiver* receive) const;
 
     struct State;
     std::unique_ptr<State> state_;

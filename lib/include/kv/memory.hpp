@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstddef>
+#include <filesystem>
+#include <mutex>
+#include <span>
 #include <vector>
 
 namespace kv {
@@ -16,6 +19,45 @@ inline constexpr std::size_t huge_page_worthy_bytes = std::size_t{4} << 20;
 /// Asks the kernel for huge pages over the 2 MiB-aligned part of [data, data + bytes), before
 /// it is touched. A hint: does nothing for small ranges or where the kernel declines.
 void advise_huge_pages(void* data, std::size_t bytes);
+
+/// Unmaps from the process the pages of [data, data + bytes), rounded outward to whole pages,
+/// which must lie in a shared mapping of a file (a FileArena region): the data stays in the file
+/// and the OS page cache, and the next read brings it back.
+void drop_mapped_file_pages(const void* data, std::size_t bytes);
+
+/// Regions of an unnamed temporary file, each mapped shared into memory: storage that lives on
+/// disk and in the OS page cache, of which the process holds only the pages it touched since
+/// they were last dropped (drop_mapped_file_pages). The offloading tier of the KV cache and of
+/// IceCache's index keys. Nothing is left on disk however the process ends.
+class FileArena {
+  public:
+    /// Throws IoError when no file can be made in `folder` (empty: $TMPDIR, else /tmp).
+    explicit FileArena(const std::filesystem::path& folder);
+    ~FileArena();
+    FileArena(const FileArena&) = delete;
+    FileArena& operator=(const FileArena&) = delete;
+
+    struct Region {
+        std::span<std::byte> bytes;  ///< mapped: writing here writes the file
+        std::size_t offset = 0;      ///< where it starts in the file
+    };
+    /// A new region of `bytes` zero bytes, page-aligned, valid while the arena lives. Safe to
+    /// call from several threads. Throws IoError when the file cannot grow (disk full).
+    Region allocate(std::size_t bytes);
+    /// Copies `bytes` of the file from `offset` to `out` with pread: a read that brings no page
+    /// into the process (reading through the mapping maps the page, and with it up to 15
+    /// neighbours the kernel faults in around it). Sees what was written through the mapping.
+    void read(std::size_t offset, std::size_t bytes, void* out) const;
+    /// Bytes of the file so far.
+    std::size_t size() const;
+
+  private:
+    std::filesystem::path folder_;
+    int fd_ = -1;
+    std::size_t size_ = 0;
+    std::vector<std::span<std::byte>> mappings_;
+    mutable std::mutex mutex_;
+};
 
 /// vector.resize(count) for a vector about to receive a large read: the storage is reserved
 /// and advised before resize touches it.

@@ -13,7 +13,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                                   const CacheModelInfo& model_info,
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
-                                  const std::function<void(const Packet&)>& before_append) {
+                                  const std::function<void(Packet&)>& before_append) {
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point start) {
         return std::chrono::duration<double>(Clock::now() - start).count();
@@ -33,9 +33,16 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
         if (!selection.id.empty()) selected = {reader.packet_info(selection.id)};
         for (const PacketInfo& info : selected) {
             read_start = Clock::now();
-            const Packet packet = reader.read(info.id);
+            // An offloaded cache takes the keys and values plane by plane from the file, so
+            // that memory never holds a whole packet.
+            const bool by_plane = cache.offloaded();
+            Packet packet = by_plane ? reader.read_without_tensors(info.id) : reader.read(info.id);
             assembled.read_seconds += since(read_start);
-            assembled.bytes_read += static_cast<int64_t>(packet.keys.size() + packet.values.size());
+            assembled.bytes_read +=
+                by_plane ? 2 * packet.stored_length() * model_info.num_layers *
+                               model_info.num_kv_heads * model_info.head_dim *
+                               static_cast<int64_t>(cache_dtype_size(reader.model().dtype))
+                         : static_cast<int64_t>(packet.keys.size() + packet.values.size());
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
             if (cache.length() == 0 && add_bos && !starts_with_bos) {
@@ -62,7 +69,12 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             assembled.packets.push_back({packet.id, cache.length(), packet.stored_length(),
                                          cache.next_position(), packet.header_tokens,
                                          packet.trailer_tokens});
-            append_packet(model.rope(), cache, packet, reader.model().dtype);
+            read_start = Clock::now();
+            if (by_plane)
+                append_packet_planes(model.rope(), cache, packet, reader, reader.model().dtype);
+            else
+                append_packet(model.rope(), cache, packet, reader.model().dtype);
+            if (by_plane) assembled.read_seconds += since(read_start);
             assembled.tokens.insert(assembled.tokens.end(), packet.token_ids.begin(),
                                     packet.token_ids.end());
         }

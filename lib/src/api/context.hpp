@@ -35,11 +35,11 @@ struct AssembledContext {
 /// Appends the packets of `caches` (FILE or FILE:ID each) to `cache`, checking that every file
 /// belongs to the model (`model_info`), that the packets share their adapter and that the
 /// context fits the model. `before_append(packet)` runs before each packet is appended, after
-/// those checks (sparse attention registers the packet's index there).
+/// those checks (sparse attention takes the packet's index there: it may move it out).
 AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer,
                                   const CacheModelInfo& model_info,
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
-                                  const std::function<void(const Packet&)>& before_append = {});
+                                  const std::function<void(Packet&)>& before_append = {});
 
 }  // namespace kv

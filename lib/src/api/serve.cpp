@@ -66,6 +66,7 @@ ServeStats serve_once(const ServeOptions& options,
     sparse_options.reuse_layers = options.reuse_layers;
     sparse_options.field_of_view = options.field_of_view;
     sparse_options.measure_recall = options.measure_recall;
+    sparse_options.offload_dir = options.offload_dir;
     std::unique_ptr<SparseAttention> sparse;
     if (sparse_options.method != SparseMethod::full || options.measure_recall)
         sparse = std::make_unique<SparseAttention>(config, model.rope(), sparse_options);
@@ -74,13 +75,47 @@ ServeStats serve_once(const ServeOptions& options,
 
     torch::NoGradGuard no_grad;
     TextStreamer streamer(tokenizer);
-    KvCache cache = model.new_cache(256);
+    stats.offload = options.offload;
+    const bool offload_to_disk = options.offload == "disk";
+    if (options.offload != "host" && !offload_to_disk)
+        throw UsageError("--offload is host or disk, not " + kv::quoted(options.offload));
+    if (offload_to_disk) {
+        if (options.caches.empty())
+            throw UsageError("--offload disk keeps --cache packets on disk: give --cache files");
+        for (const std::string& spec : options.caches)
+            if (parse_cache_selection(spec).file == "-")
+                throw UsageError(
+                    "--offload disk reads cache files in place; standard input would be held in "
+                    "memory: give a file");
+        if (!model.device().is_cpu())
+            throw UnsupportedError("--offload disk decodes on the CPU only so far (device " +
+                                   model.device().str() + ")");
+    }
+    // An offloaded cache is made once for everything it will hold: the packets, BOS, the prompt
+    // and the tokens to generate.
+    auto planned_tokens = [&] {
+        // (assemble_packets asks for 64 tokens to spare after each packet.)
+        int64_t tokens = 2 + 64 + options.max_new_tokens +
+                         static_cast<int64_t>(tokenizer.encode(options.prompt).size());
+        for (const std::string& spec : options.caches) {
+            const CacheSelection selection = parse_cache_selection(spec);
+            const CacheReader reader(selection.file);
+            for (const PacketInfo& info : reader.packets())
+                if (selection.id.empty() || info.id == selection.id) tokens += info.stored_length;
+        }
+        return tokens;
+    };
+    KvCache cache = offload_to_disk
+                        ? KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
+                                           model.dtype(), planned_tokens(), options.offload_dir)
+                        : model.new_cache(256);
+    stats.offloaded_bytes = cache.offloaded_bytes();
     const auto prefill_start = Clock::now();
 
     // Baked packets first, in order, each realigned to follow the previous one.
     const AssembledContext assembled = assemble_packets(
         model, tokenizer, runtime.cache_info, options.caches, has_bos, options.max_new_tokens + 64,
-        cache, [&](const Packet& packet) {
+        cache, [&](Packet& packet) {
             if (!sparse) return;
             if (packet.padded())
                 throw UnsupportedError("packet " + kv::quoted(packet.id) +
@@ -88,7 +123,8 @@ ServeStats serve_once(const ServeOptions& options,
                                        "attention (--attention " +
                                        options.attention +
                                        ") does not handle that yet: use --attention full");
-            sparse->add_stored_index(cache.length(), cache.next_position(), packet.index);
+            sparse->add_stored_index(cache.length(), cache.next_position(),
+                                     std::move(packet.index));
         });
     stats.cache_load_seconds = assembled.read_seconds;
     stats.cache_bytes_read = assembled.bytes_read;
@@ -184,8 +220,13 @@ ServeStats serve_once(const ServeOptions& options,
         streamer.push(id);
 
     const auto prompt_start = Clock::now();
+    // The indexes of an offloaded cache are restored before the prompt goes through the sparse
+    // attention, so that they keep their keys on disk too (SparseAttention::prepare).
+    if (sparse && offload_to_disk) sparse->prepare(cache);
     // Without a prompt (a document alone) decoding continues from the document's logits.
-    if (!prompt.empty() && sparse && options.sparse_prompt) {
+    // An offloaded cache goes through the sparse attention for the prompt too: a dense prefill
+    // would read every page of the context.
+    if (!prompt.empty() && sparse && (options.sparse_prompt || offload_to_disk)) {
         for (std::size_t i = 0; i < prompt.size(); ++i)
             logits = model.prefill(std::span<const int32_t>(prompt).subspan(i, 1), cache, 1,
                                    sparse.get());
@@ -195,6 +236,7 @@ ServeStats serve_once(const ServeOptions& options,
     // Restoring the stored indexes is setup: it belongs to the time to first token, not to
     // the first decoding step.
     if (sparse) sparse->prepare(cache);
+    cache.release_pages();
     stats.prefill_seconds = seconds_since(prompt_start);
     stats.total_context_tokens = cache.next_position();
     stats.stop_reason = "length";
@@ -252,6 +294,7 @@ ServeStats serve_once(const ServeOptions& options,
         stats.indexed_tokens = sparse_stats.indexed_tokens;
         stats.index_seconds = sparse_stats.index_seconds;
         stats.select_seconds = sparse_stats.select_seconds;
+        stats.offloaded_bytes += sparse_stats.offloaded_index_bytes;
     }
     if (stats.prefill_seconds > 0)
         stats.prefill_tokens_per_second =
@@ -275,6 +318,8 @@ json::Value stats_to_json(const ServeStats& stats) {
         result.set("document_seconds", stats.document_seconds);
         result.set("index_wait_seconds", stats.index_wait_seconds);
     }
+    result.set("offload", stats.offload);
+    if (stats.offloaded_bytes > 0) result.set("offloaded_bytes", stats.offloaded_bytes);
     result.set("cache_tokens", stats.cache_tokens);
     result.set("cache_bytes_read", stats.cache_bytes_read);
     result.set("cache_load_seconds", stats.cache_load_seconds);

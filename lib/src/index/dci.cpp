@@ -88,6 +88,8 @@ DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions o
 
 void DciIndex::reset() {
     keys_.clear();
+    key_storage_ = {};
+    slot_.clear();
     squared_norm_.clear();
     projection_value_.clear();
     level_.clear();
@@ -96,10 +98,11 @@ void DciIndex::reset() {
     token_page_.clear();
     level_points_.assign(1, {});
     promoted_.assign(2, 0);
-    child_pages_.assign(1, {});  // the root's
+    owner_.clear();
+    owned_pages_.assign(1, {});  // the root's
+    owned_pages_below_.assign(1, 0);
     pages_.clear();
     free_pages_.clear();
-    pages_below_.assign(1, 0);
     dirty_.clear();
     packed_keys_.clear();
     packed_norms_.clear();
@@ -107,10 +110,26 @@ void DciIndex::reset() {
 }
 
 std::vector<int32_t>& DciIndex::pages_of(int32_t parent) {
-    return child_pages_[parent < 0 ? child_pages_.size() - 1 : static_cast<std::size_t>(parent)];
+    if (parent < 0) return owned_pages_.front();
+    int32_t& owner = owner_[static_cast<std::size_t>(parent)];
+    if (owner < 0) {  // a point's first page: it joins the owners
+        owner = static_cast<int32_t>(owned_pages_.size());
+        owned_pages_.emplace_back();
+        owned_pages_below_.push_back(0);
+    }
+    return owned_pages_[static_cast<std::size_t>(owner)];
 }
 const std::vector<int32_t>& DciIndex::pages_of(int32_t parent) const {
-    return child_pages_[parent < 0 ? child_pages_.size() - 1 : static_cast<std::size_t>(parent)];
+    static const std::vector<int32_t> none;
+    if (parent < 0) return owned_pages_.front();
+    const int32_t owner = owner_[static_cast<std::size_t>(parent)];
+    return owner < 0 ? none : owned_pages_[static_cast<std::size_t>(owner)];
+}
+
+int64_t DciIndex::pages_below(int32_t point) const {
+    if (point < 0) return owned_pages_below_.front();
+    const int32_t owner = owner_[static_cast<std::size_t>(point)];
+    return owner < 0 ? 0 : owned_pages_below_[static_cast<std::size_t>(owner)];
 }
 
 // Deterministic promotion: the next token rises a level while that level would otherwise hold
@@ -146,8 +165,7 @@ void DciIndex::add_token(const float* key) {
         level_points_.emplace_back();
     level_points_[level].push_back(token);
     // Points own a slot in the per-point tables; the root's stays last.
-    child_pages_.insert(child_pages_.end() - 1, std::vector<int32_t>{});
-    pages_below_.insert(pages_below_.end() - 1, 0);
+    owner_.push_back(-1);
 }
 
 float DciIndex::project(const float* key, double squared_norm) const {
@@ -343,19 +361,20 @@ void DciIndex::lay_out_pages(int32_t parent, std::vector<int32_t> children) {
 }
 
 void DciIndex::count_pages_below() {
-    std::fill(pages_below_.begin(), pages_below_.end(), 0);
+    std::fill(owned_pages_below_.begin(), owned_pages_below_.end(), 0);
+    auto below = [&](int32_t point) -> int64_t& {
+        return owned_pages_below_[point < 0 ? 0 : static_cast<std::size_t>(owner_[point])];
+    };
     if (levels() == 1) {
-        pages_below_.back() = static_cast<int64_t>(pages_of(-1).size());
+        below(-1) = static_cast<int64_t>(pages_of(-1).size());
         return;
     }
     for (int32_t point : level_points_[1])
-        pages_below_[point] = static_cast<int64_t>(pages_of(point).size());
+        if (owner_[point] >= 0) below(point) = static_cast<int64_t>(pages_of(point).size());
+    // A point with pages below it has children, hence pages of its own and a parent that has.
     for (int level = 1; level < levels(); ++level)
-        for (int32_t point : level_points_[level]) {
-            const int32_t parent = parent_[point];
-            pages_below_[parent < 0 ? pages_below_.size() - 1 : static_cast<std::size_t>(parent)] +=
-                pages_below_[point];
-        }
+        for (int32_t point : level_points_[level])
+            if (owner_[point] >= 0) below(parent_[point]) += below(point);
 }
 
 void DciIndex::build(const float* keys, int64_t count, int threads) {
@@ -443,6 +462,8 @@ void DciIndex::reproject_and_rebuild() {
 }
 
 void DciIndex::insert(const float* keys, int64_t count) {
+    if (in_place())
+        throw Error("dci: an index restored in place takes no new tokens (it keeps no keys)");
     for (int64_t i = 0; i < count; ++i) {
         const float* key = keys + i * head_dim_;
         const int previous_levels = levels();
@@ -503,6 +524,64 @@ DciLayout DciIndex::layout() const {
 
 void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout,
                        const std::string& source) {
+    restore_from(
+        [&](std::span<const int32_t> tokens, float* out) {
+            for (std::size_t i = 0; i < tokens.size(); ++i)
+                std::copy_n(keys + static_cast<int64_t>(tokens[i]) * head_dim_, head_dim_,
+                            out + static_cast<int64_t>(i) * head_dim_);
+        },
+        count, layout, source, true);
+}
+
+void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
+                                const std::string& source, KeyStorage storage) {
+    if (!storage.rows && count > 0) throw UsageError("dci: restore_in_place needs key storage");
+    restore_from(read, count, layout, source, false);
+    // Only insertion (refused) needs these; the rest is kept at its size.
+    std::vector<float>().swap(parent_distance_);
+    std::vector<float>().swap(squared_norm_);
+    for (std::vector<int32_t>& points : level_points_)
+        points.shrink_to_fit();
+    level_.shrink_to_fit();
+    // Slots: the root's children, then each point's, page after page in projection order.
+    slot_.assign(static_cast<std::size_t>(count), -1);
+    int32_t next = 0;
+    auto lay_out = [&](int32_t owner) {
+        for (int32_t page : child_pages(owner))
+            for (int32_t token : pages_[static_cast<std::size_t>(page)].tokens)
+                slot_[static_cast<std::size_t>(token)] = next++;
+    };
+    lay_out(-1);
+    for (int32_t point = 0; point < static_cast<int32_t>(count); ++point)
+        if (level_[static_cast<std::size_t>(point)] > 0) lay_out(point);
+    // Written front to back, a few thousand slots at a time.
+    std::vector<int32_t> token_at(static_cast<std::size_t>(count));
+    for (int64_t token = 0; token < count; ++token)
+        token_at[static_cast<std::size_t>(slot_[static_cast<std::size_t>(token)])] =
+            static_cast<int32_t>(token);
+    constexpr int64_t chunk = 4096;
+    for (int64_t first = 0; first < count; first += chunk)
+        read(std::span<const int32_t>(token_at).subspan(
+                 static_cast<std::size_t>(first),
+                 static_cast<std::size_t>(std::min(chunk, count - first))),
+             storage.rows + first * head_dim_);
+    key_storage_ = std::move(storage);
+}
+
+void DciIndex::copy_key(int32_t token, float* out) const {
+    if (!in_place()) {
+        std::copy_n(key(token), head_dim_, out);
+    } else if (key_storage_.read) {
+        key_storage_.read(slot_[static_cast<std::size_t>(token)], 1, out);
+    } else {
+        std::copy_n(key_storage_.rows +
+                        static_cast<int64_t>(slot_[static_cast<std::size_t>(token)]) * head_dim_,
+                    head_dim_, out);
+    }
+}
+
+void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayout& layout,
+                            const std::string& source, bool keep_keys) {
     auto fail = [&](const std::string& what) {
         throw FormatError(source + ": invalid index: " + what);
     };
@@ -513,8 +592,11 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
     if (!(layout.max_squared_norm > 0) || !std::isfinite(layout.max_squared_norm))
         fail("max_squared_norm must be positive");
     reset();
-    keys_.reserve(n * static_cast<std::size_t>(head_dim_));
-    advise_huge_pages(keys_.data(), keys_.capacity() * sizeof(float));
+    const auto dim = static_cast<std::size_t>(head_dim_);
+    if (keep_keys) {
+        keys_.reserve(n * dim);
+        advise_huge_pages(keys_.data(), keys_.capacity() * sizeof(float));
+    }
     int top = 0;
     for (int8_t level : layout.levels) {
         if (level < 0) fail("negative level");
@@ -522,15 +604,40 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
     }
     level_points_.assign(static_cast<std::size_t>(top) + 1, {});
     promoted_.assign(static_cast<std::size_t>(top) + 2, 0);
-    for (std::size_t token = 0; token < n; ++token) {
-        const float* key = keys + token * static_cast<std::size_t>(head_dim_);
-        keys_.insert(keys_.end(), key, key + head_dim_);
-        squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
-        const int level = layout.levels[token];
-        level_.push_back(static_cast<int8_t>(level));
-        level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
-        for (int up = 0; up <= level; ++up)
-            ++promoted_[static_cast<std::size_t>(up)];
+    // Keys come in chunks; parents (levels >= 1, about 1.25% of the tokens) are kept aside for
+    // the distances when the index keeps no keys.
+    constexpr int64_t chunk = 4096;
+    std::vector<float> buffer;
+    std::vector<int32_t> tokens;
+    std::vector<float> upper_keys;
+    std::vector<int32_t> upper_row(keep_keys ? 0 : n, -1);
+    auto chunk_keys = [&](int64_t first, int64_t rows) -> const float* {
+        if (keep_keys && static_cast<int64_t>(keys_.size()) >= (first + rows) * head_dim_)
+            return keys_.data() + first * head_dim_;
+        buffer.resize(static_cast<std::size_t>(rows) * dim);
+        tokens.resize(static_cast<std::size_t>(rows));
+        std::iota(tokens.begin(), tokens.end(), static_cast<int32_t>(first));
+        read(tokens, buffer.data());
+        return buffer.data();
+    };
+    for (int64_t first = 0; first < count; first += chunk) {
+        const int64_t rows = std::min(chunk, count - first);
+        const float* keys = chunk_keys(first, rows);
+        for (int64_t i = 0; i < rows; ++i) {
+            const std::size_t token = static_cast<std::size_t>(first + i);
+            const float* key = keys + i * head_dim_;
+            if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
+            squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
+            const int level = layout.levels[token];
+            level_.push_back(static_cast<int8_t>(level));
+            level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
+            for (int up = 0; up <= level; ++up)
+                ++promoted_[static_cast<std::size_t>(up)];
+            if (!keep_keys && level > 0) {
+                upper_row[token] = static_cast<int32_t>(upper_keys.size() / dim);
+                upper_keys.insert(upper_keys.end(), key, key + head_dim_);
+            }
+        }
     }
     for (int level = 0; level < top; ++level)
         if (level_points_[static_cast<std::size_t>(level) + 1].empty()) fail("an empty level");
@@ -541,19 +648,34 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
     parent_distance_.assign(n, 0);
     token_page_.assign(n, -1);
     projection_value_.resize(n);
-    child_pages_.assign(n + 1, {});
-    pages_below_.assign(n + 1, 0);
-    for (std::size_t token = 0; token < n; ++token) {
-        projection_value_[token] = project(key(static_cast<int64_t>(token)), squared_norm_[token]);
-        const int32_t parent = parent_[token];
-        if (level_[token] == top) {
-            if (parent != -1) fail("a top-level token has a parent");
-        } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
-                   level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
-            fail("token " + std::to_string(token) + " has no parent one level up");
-        } else {
-            parent_distance_[token] =
-                static_cast<float>(lifted_distance(static_cast<int64_t>(token), parent));
+    owner_.assign(n, -1);
+    for (int64_t first = 0; first < count; first += chunk) {
+        const int64_t rows = std::min(chunk, count - first);
+        const float* keys = chunk_keys(first, rows);
+        for (int64_t i = 0; i < rows; ++i) {
+            const std::size_t token = static_cast<std::size_t>(first + i);
+            const float* key = keys + i * head_dim_;
+            projection_value_[token] = project(key, squared_norm_[token]);
+            const int32_t parent = parent_[token];
+            if (level_[token] == top) {
+                if (parent != -1) fail("a top-level token has a parent");
+            } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
+                       level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
+                fail("token " + std::to_string(token) + " has no parent one level up");
+            } else {
+                const float* parent_key =
+                    keep_keys
+                        ? this->key(parent)
+                        : upper_keys.data() + static_cast<std::size_t>(
+                                                  upper_row[static_cast<std::size_t>(parent)]) *
+                                                  dim;
+                const double tails =
+                    std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm_[token]) *
+                              std::max(0.0, max_squared_norm_ -
+                                                squared_norm_[static_cast<std::size_t>(parent)]));
+                parent_distance_[token] =
+                    static_cast<float>(max_squared_norm_ - dot(key, parent_key, head_dim_) - tails);
+            }
         }
     }
     std::size_t next = 0;
@@ -586,7 +708,7 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
     }
     if (next != n) fail("the pages do not hold every token");
     // A parent's pages in projection order.
-    for (std::vector<int32_t>& owned : child_pages_)
+    for (std::vector<int32_t>& owned : owned_pages_)
         std::sort(owned.begin(), owned.end(), [&](int32_t a, int32_t b) {
             return projection_value_[static_cast<std::size_t>(
                        pages_[static_cast<std::size_t>(a)].tokens.front())] <
@@ -636,28 +758,39 @@ DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& option
         if (children.empty()) return;
         const auto wanted = static_cast<std::size_t>(
             std::max(1.0, std::ceil(take_share * static_cast<double>(children.size()))));
-        std::vector<int32_t> chosen;
-        if (wanted >= children.size()) {
-            chosen = std::move(children);
-        } else {
-            auto right = static_cast<std::size_t>(
+        // The `wanted` children nearest in projection: a run [left, right) of them.
+        std::size_t left = 0, right = children.size();
+        if (wanted < children.size()) {
+            right = static_cast<std::size_t>(
                 std::lower_bound(children.begin(), children.end(), query_projection,
                                  [&](int32_t t, float v) { return projection_value_[t] < v; }) -
                 children.begin());
-            std::size_t left = right;  // [left, right) taken so far
-            while (chosen.size() < wanted) {
+            left = right;
+            while (right - left < wanted) {
                 const bool take_left =
                     right >= children.size() ||
                     (left > 0 && query_projection - projection_value_[children[left - 1]] <
                                      projection_value_[children[right]] - query_projection);
-                chosen.push_back(take_left ? children[--left] : children[right++]);
+                take_left ? --left : ++right;
             }
         }
-        // One row kernel over the chosen keys, gathered.
+        const std::span<const int32_t> chosen(children.data() + left, right - left);
+        // One row kernel over the chosen keys, gathered: in place, the run is one run of slots.
         std::vector<float> rows(chosen.size() * static_cast<std::size_t>(head_dim_));
-        for (std::size_t i = 0; i < chosen.size(); ++i)
-            std::copy_n(key(chosen[i]), head_dim_,
-                        rows.data() + i * static_cast<std::size_t>(head_dim_));
+        const auto run = static_cast<int64_t>(chosen.size());
+        if (in_place() && slot_[static_cast<std::size_t>(chosen.back())] -
+                                  slot_[static_cast<std::size_t>(chosen.front())] ==
+                              run - 1) {
+            const int32_t first = slot_[static_cast<std::size_t>(chosen.front())];
+            if (key_storage_.read)
+                key_storage_.read(first, run, rows.data());
+            else
+                std::copy_n(key_storage_.rows + static_cast<int64_t>(first) * head_dim_,
+                            run * head_dim_, rows.data());
+        } else {
+            for (std::size_t i = 0; i < chosen.size(); ++i)
+                copy_key(chosen[i], rows.data() + i * static_cast<std::size_t>(head_dim_));
+        }
         scores.resize(chosen.size());
         dot_rows_f32(rows.data(), query, scores.data(), static_cast<int64_t>(chosen.size()),
                      head_dim_);
@@ -680,7 +813,7 @@ DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& option
         int64_t covered = 0;
         while (keep < current.size() &&
                (covered < options.pages || static_cast<int64_t>(keep) < field_of_view))
-            covered += pages_below_[static_cast<std::size_t>(current[keep++].second)];
+            covered += pages_below(current[keep++].second);
         // Upper points have about 1/p1 children each: all are scored, since a point missed
         // there loses its whole subtree. The share applies where the children are many.
         std::vector<Scored> next;

@@ -1,8 +1,10 @@
 #include "kv/model/kv_cache.hpp"
 
 #include "kv/error.hpp"
+#include "kv/memory.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 namespace kv {
 
@@ -17,8 +19,99 @@ KvCache::KvCache(int64_t num_layers, int64_t kv_heads, int64_t head_dim, torch::
     reserve(std::max<int64_t>(capacity, 1));
 }
 
+KvCache KvCache::on_disk(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
+                         torch::ScalarType dtype, int64_t capacity,
+                         const std::filesystem::path& folder) {
+    capacity = std::max<int64_t>(capacity, 1);
+    KvCache cache(num_layers, kv_heads, head_dim, dtype, torch::kCPU, 1);
+    auto arena = std::make_shared<FileArena>(folder);
+    const std::size_t plane_bytes = static_cast<std::size_t>(kv_heads * capacity * head_dim) *
+                                    static_cast<std::size_t>(c10::elementSize(dtype));
+    const auto options = torch::TensorOptions().dtype(dtype).device(torch::kCPU);
+    for (int64_t layer = 0; layer < num_layers; ++layer) {
+        // A region per layer, so that releasing one leaves the others alone.
+        const auto [region, offset] = arena->allocate(2 * plane_bytes);
+        cache.layer_regions_.push_back(region);
+        cache.layer_offsets_.push_back(offset);
+        auto keep = [arena](void*) {};  // the tensors keep the file mapped
+        cache.keys_[static_cast<std::size_t>(layer)] =
+            torch::from_blob(region.data(), {kv_heads, capacity, head_dim}, keep, options);
+        cache.values_[static_cast<std::size_t>(layer)] = torch::from_blob(
+            region.data() + plane_bytes, {kv_heads, capacity, head_dim}, keep, options);
+    }
+    cache.positions_ = torch::empty({capacity}, torch::kInt64);
+    cache.capacity_ = capacity;
+    cache.arena_ = std::move(arena);
+    return cache;
+}
+
+void KvCache::release_pages(int64_t layer) {
+    // On a shared mapping this only unmaps: written data stays in the file.
+    if (layer >= 0 && static_cast<std::size_t>(layer) < layer_regions_.size()) {
+        const std::span<std::byte> region = layer_regions_[static_cast<std::size_t>(layer)];
+        drop_mapped_file_pages(region.data(), region.size());
+    } else if (layer < 0) {
+        for (const std::span<std::byte>& region : layer_regions_)
+            drop_mapped_file_pages(region.data(), region.size());
+    }
+}
+
+void KvCache::gather(int64_t layer, int64_t head, std::span<const int64_t> rows, void* keys_out,
+                     void* values_out) const {
+    const auto row_bytes = static_cast<std::size_t>(head_dim_ * c10::elementSize(dtype_));
+    for (int64_t row : rows)
+        if (row < 0 || row >= visible())
+            throw Error("kv cache: gather of row " + std::to_string(row) + " of " +
+                        std::to_string(visible()));
+    for (const bool keys : {true, false}) {
+        auto* out = static_cast<std::byte*>(keys ? keys_out : values_out);
+        if (!out) continue;
+        if (!arena_) {
+            const torch::Tensor plane =
+                (keys ? keys_ : values_).at(static_cast<std::size_t>(layer))[head].contiguous();
+            for (std::size_t i = 0; i < rows.size(); ++i)
+                std::memcpy(out + i * row_bytes,
+                            static_cast<const std::byte*>(plane.data_ptr()) + rows[i] * row_bytes,
+                            row_bytes);
+            continue;
+        }
+        const std::size_t plane_bytes = static_cast<std::size_t>(kv_heads_ * capacity_) * row_bytes;
+        const std::size_t base = layer_offsets_.at(static_cast<std::size_t>(layer)) +
+                                 (keys ? 0 : plane_bytes) +
+                                 static_cast<std::size_t>(head * capacity_) * row_bytes;
+        for (std::size_t i = 0; i < rows.size();) {
+            std::size_t run = 1;  // consecutive rows are read at once
+            while (i + run < rows.size() && rows[i + run] == rows[i] + static_cast<int64_t>(run))
+                ++run;
+            arena_->read(base + static_cast<std::size_t>(rows[i]) * row_bytes, run * row_bytes,
+                         out + i * row_bytes);
+            i += run;
+        }
+    }
+}
+
+int64_t KvCache::offloaded_bytes() const {
+    return arena_ ? static_cast<int64_t>(arena_->size()) : 0;
+}
+
+void KvCache::write_plane(int64_t layer, int64_t head, bool keys, const torch::Tensor& plane) {
+    if (plane.size(0) != pending_)
+        throw Error("kv cache: write of " + std::to_string(plane.size(0)) + " tokens of a head, " +
+                    std::to_string(pending_) + " pending");
+    (keys ? keys_ : values_)
+        .at(static_cast<std::size_t>(layer))[head]
+        .narrow(0, length_, pending_)
+        .copy_(plane);
+    if (!valid_.empty())
+        valid_[static_cast<std::size_t>(layer)][head].narrow(0, length_, pending_).fill_(true);
+}
+
 void KvCache::reserve(int64_t capacity) {
     if (capacity <= capacity_) return;
+    if (arena_)
+        throw UnsupportedError("the cache offloaded to disk was made for " +
+                               std::to_string(capacity_) + " tokens; " + std::to_string(capacity) +
+                               " do not fit");
     const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
     for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
         torch::Tensor keys = torch::empty({kv_heads_, capacity, head_dim_}, options);

@@ -288,9 +288,12 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
             std::vector<std::vector<int64_t>> rows;
             if (sparse && x.size(0) == 1 && !allow.defined() &&
                 sparse->select(index, projected.queries, cache.keys(index), rows)) {
-                const torch::Tensor attended = attention_over_rows(
-                    projected.queries, cache.keys(index), cache.values(index), rows,
-                    1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+                const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
+                const torch::Tensor attended =
+                    cache.offloaded()
+                        ? attention_over_staged_rows(projected.queries, cache, index, rows, scale)
+                        : attention_over_rows(projected.queries, cache.keys(index),
+                                              cache.values(index), rows, scale);
                 x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
                                    layer.o_proj);
             } else {
@@ -298,6 +301,8 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
                     attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);
             }
             x = x + mlp_block(layer, x);
+            // What this layer read of an offloaded cache leaves the process again.
+            cache.release_pages(index);
         }
         cache.commit();
         return rms_norm(x, final_norm_, config_.rms_norm_eps);

@@ -101,4 +101,46 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
     cache.advance_to(delta + packet.logical_length);
 }
 
+void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet,
+                          const CacheReader& reader, CacheDtype dtype) {
+    const int64_t tokens = packet.stored_length();
+    if (packet.ragged())
+        throw UnsupportedError("packet " + kv::quoted(packet.id) +
+                               " keeps different tokens per head, which an offloaded cache does "
+                               "not hold yet");
+    if (static_cast<int64_t>(packet.positions.size()) != tokens)
+        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
+                          std::to_string(packet.positions.size()) + " positions for " +
+                          std::to_string(tokens) + " tokens");
+    const int64_t delta = cache.next_position();
+    const int64_t head_dim = cache.head_dim();
+    const torch::Tensor positions =
+        torch::from_blob(const_cast<int64_t*>(packet.positions.data()), {tokens}, torch::kInt64) +
+        delta;
+    const torch::ScalarType stored = torch_dtype(dtype);
+    // As append_packet: rotated in the stored dtype when the cache keeps it, else in float32.
+    const torch::ScalarType rotate_in = stored == cache.dtype() ? stored : torch::kFloat32;
+    cache.begin_append(positions);
+    try {
+        reader.read_planes(packet.id, [&](int64_t layer, int64_t head, bool keys,
+                                          std::span<const std::byte> bytes) {
+            if (bytes.size() !=
+                static_cast<std::size_t>(tokens * head_dim) * cache_dtype_size(dtype))
+                throw FormatError("packet " + kv::quoted(packet.id) + ": a plane of " +
+                                  std::to_string(bytes.size()) + " bytes");
+            torch::Tensor plane =
+                torch::from_blob(const_cast<std::byte*>(bytes.data()), {1, tokens, head_dim},
+                                 torch::TensorOptions().dtype(stored));
+            if (keys && delta != 0) plane = rope.shift(plane.to(rotate_in), delta);
+            cache.write_plane(layer, head, keys, plane[0].to(cache.dtype()));
+            cache.release_pages(layer);
+        });
+    } catch (...) {
+        cache.rollback();
+        throw;
+    }
+    cache.commit();
+    cache.advance_to(delta + packet.logical_length);
+}
+
 }  // namespace kv

@@ -2,6 +2,7 @@
 
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
+#include "kv/memory.hpp"
 
 #include <ATen/Parallel.h>
 
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <mutex>
 #include <numeric>
+#include <span>
 #include <utility>
 
 namespace kv {
@@ -85,7 +88,7 @@ std::vector<int64_t> best_indices(const std::vector<float>& scores, int64_t coun
 struct Segment {
     int64_t first_row = 0;
     int64_t delta = 0;
-    const PacketIndex* stored = nullptr;  // restored lazily from this, per layer
+    PacketIndex* stored = nullptr;  // restored lazily from this, per layer
     int64_t stored_segment = 0;
     int64_t stored_count = 0;
     std::vector<std::unique_ptr<DciIndex>> indexes;  // per layer * kv_heads + head
@@ -107,6 +110,9 @@ struct SparseAttention::State {
     std::vector<std::vector<int64_t>> kept;
     std::vector<std::vector<double>> accumulated;
     std::vector<int64_t> seen;  // per plane: rows added to `kept` so far
+    // The keys of the stored indexes of an offloaded cache, in a file (prepare()).
+    std::unique_ptr<FileArena> index_arena;
+    const KvCache* offloaded_cache = nullptr;
 
     State(const ModelConfig& c, const Rope& r) : config(c), rope(r) {}
 };
@@ -139,11 +145,11 @@ SparseAttention::SparseAttention(const ModelConfig& config, const Rope& rope, Sp
 SparseAttention::~SparseAttention() = default;
 
 void SparseAttention::add_stored_index(int64_t first_row, int64_t position_offset,
-                                       const PacketIndex& index) {
+                                       PacketIndex index) {
     if (index.empty() || options_.method != SparseMethod::icecache) return;
     State& s = *state_;
-    s.stored_indexes.push_back(std::make_unique<PacketIndex>(index));
-    const PacketIndex* kept = s.stored_indexes.back().get();
+    s.stored_indexes.push_back(std::make_unique<PacketIndex>(std::move(index)));
+    PacketIndex* kept = s.stored_indexes.back().get();
     for (std::size_t i = 0; i < kept->segments.size(); ++i) {
         Segment segment;
         segment.first_row = first_row + kept->segments[i].first;
@@ -194,11 +200,53 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys,
                 jobs.push_back([&rope = s.rope, index = index.get(), keys, head,
                                 first = stored->first_row, count = stored->stored_count,
                                 delta = stored->delta, stored_index = stored->stored,
-                                segment = stored->stored_segment, layer, kv_heads] {
-                    const torch::Tensor k = index_keys(keys, head, first, count, delta, rope);
-                    index->restore(k.data_ptr<float>(), count,
-                                   stored_index->layout(layer, head, kv_heads, segment),
-                                   "the index of cache rows " + std::to_string(first) + "+");
+                                segment = stored->stored_segment, layer, kv_heads,
+                                arena = s.index_arena.get(), cache = s.offloaded_cache] {
+                    DciLayout& layout = stored_index->layout(layer, head, kv_heads, segment);
+                    // Each layout is restored once: its memory goes when its index exists.
+                    struct Forget {
+                        DciLayout& layout;
+                        ~Forget() { layout = DciLayout{}; }
+                    } forget{layout};
+                    const std::string source =
+                        "the index of cache rows " + std::to_string(first) + "+";
+                    if (!arena) {
+                        const torch::Tensor k = index_keys(keys, head, first, count, delta, rope);
+                        index->restore(k.data_ptr<float>(), count, layout, source);
+                        return;
+                    }
+                    const FileArena::Region storage = arena->allocate(
+                        static_cast<std::size_t>(count * keys.size(2)) * sizeof(float));
+                    const auto row_bytes = static_cast<std::size_t>(keys.size(2)) * sizeof(float);
+                    KeyStorage keys_on_disk;
+                    keys_on_disk.rows = reinterpret_cast<float*>(storage.bytes.data());
+                    // Queries read by pread: their keys never become resident.
+                    keys_on_disk.read = [arena, offset = storage.offset, row_bytes](
+                                            int64_t from, int64_t n, float* out) {
+                        arena->read(offset + static_cast<std::size_t>(from) * row_bytes,
+                                    static_cast<std::size_t>(n) * row_bytes, out);
+                    };
+                    index->restore_in_place(
+                        [&](std::span<const int32_t> tokens, float* out) {
+                            // Read with pread (KvCache::gather): restoring brings no page of
+                            // the cache into memory, and the storage is written front to back,
+                            // each page once, then dropped.
+                            std::vector<int64_t> rows(tokens.size());
+                            for (std::size_t i = 0; i < tokens.size(); ++i)
+                                rows[i] = first + tokens[i];
+                            torch::Tensor raw =
+                                torch::empty({static_cast<int64_t>(tokens.size()), keys.size(2)},
+                                             keys.options().device(torch::kCPU));
+                            cache->gather(layer, head, rows, raw.data_ptr(), nullptr);
+                            torch::Tensor k = raw.to(torch::kFloat32);
+                            if (delta != 0) k = rope.shift(k, -delta);
+                            k = k.contiguous();
+                            std::copy_n(k.data_ptr<float>(), k.numel(), out);
+                            drop_mapped_file_pages(storage.bytes.data(), storage.bytes.size());
+                        },
+                        count, layout, source, std::move(keys_on_disk));
+                    // Written through the mapping; from now on only read with pread.
+                    drop_mapped_file_pages(storage.bytes.data(), storage.bytes.size());
                 });
             }
             covered = stored->first_row + stored->stored_count;
@@ -270,12 +318,18 @@ void SparseAttention::run_index_jobs(std::vector<std::function<void()>>& jobs) {
 
 void SparseAttention::prepare(const KvCache& cache) {
     if (options_.method != SparseMethod::icecache) return;
+    if (cache.offloaded() && !state_->index_arena) {
+        state_->index_arena = std::make_unique<FileArena>(options_.offload_dir);
+        state_->offloaded_cache = &cache;
+    }
     std::vector<std::function<void()>> jobs;
     for (int64_t layer = options_.dense_layers; layer < state_->config.num_layers; ++layer) {
         const torch::Tensor keys = cache.keys(layer);
         if (chooses(layer, keys.size(1))) index_rows(layer, keys, jobs);
     }
     run_index_jobs(jobs);
+    if (state_->index_arena)
+        stats_.offloaded_index_bytes = static_cast<int64_t>(state_->index_arena->size());
 }
 
 void SparseAttention::prepare_layer(int64_t layer, const torch::Tensor& keys) {
@@ -551,21 +605,65 @@ void IndexWorker::work() {
     }
 }
 
+namespace {
+
+// Exact attention of one kv head's query heads [group, D] over its chosen keys and values.
+torch::Tensor attend_head(const torch::Tensor& queries, int64_t head, int64_t group,
+                          const torch::Tensor& keys, const torch::Tensor& values, double scale) {
+    const int64_t dim = queries.size(2);
+    const torch::Tensor q =
+        queries.narrow(0, head * group, group).reshape({group, dim}).to(torch::kFloat32);
+    const torch::Tensor probabilities =
+        torch::softmax(torch::matmul(q, keys.to(torch::kFloat32).t()) * scale, -1);
+    return torch::matmul(probabilities, values.to(torch::kFloat32)).unsqueeze(1);
+}
+
+}  // namespace
+
 torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Tensor& keys,
                                   const torch::Tensor& values,
                                   const std::vector<std::vector<int64_t>>& rows, double scale) {
-    const int64_t kv_heads = keys.size(0), query_heads = queries.size(0);
-    const int64_t group = query_heads / kv_heads, dim = queries.size(2);
+    const int64_t kv_heads = keys.size(0), group = queries.size(0) / kv_heads;
     std::vector<torch::Tensor> outputs;
     for (int64_t head = 0; head < kv_heads; ++head) {
         const torch::Tensor index =
             torch::tensor(rows[static_cast<std::size_t>(head)], torch::kInt64).to(keys.device());
-        const torch::Tensor k = keys[head].index_select(0, index).to(torch::kFloat32);
-        const torch::Tensor v = values[head].index_select(0, index).to(torch::kFloat32);
-        const torch::Tensor q =
-            queries.narrow(0, head * group, group).reshape({group, dim}).to(torch::kFloat32);
-        const torch::Tensor probabilities = torch::softmax(torch::matmul(q, k.t()) * scale, -1);
-        outputs.push_back(torch::matmul(probabilities, v).unsqueeze(1));
+        outputs.push_back(attend_head(queries, head, group, keys[head].index_select(0, index),
+                                      values[head].index_select(0, index), scale));
+    }
+    return torch::cat(outputs, 0).to(queries.scalar_type());
+}
+
+torch::Tensor attention_over_staged_rows(const torch::Tensor& queries, const KvCache& cache,
+                                         int64_t layer,
+                                         const std::vector<std::vector<int64_t>>& rows,
+                                         double scale) {
+    const int64_t kv_heads = cache.kv_heads(), group = queries.size(0) / kv_heads;
+    const int64_t dim = cache.head_dim();
+    int64_t total = 0;
+    for (const auto& chosen : rows)
+        total += static_cast<int64_t>(chosen.size());
+    auto options = torch::TensorOptions().dtype(cache.dtype());
+    if (queries.device().is_cuda()) options = options.pinned_memory(true);
+    const torch::Tensor staging = torch::empty({2, total, dim}, options);
+    const int64_t row_bytes = dim * staging.element_size();
+    auto* keys_out = static_cast<std::byte*>(staging[0].data_ptr());
+    auto* values_out = static_cast<std::byte*>(staging[1].data_ptr());
+    int64_t first = 0;
+    for (int64_t head = 0; head < kv_heads; ++head) {
+        const auto& chosen = rows[static_cast<std::size_t>(head)];
+        cache.gather(layer, head, chosen, keys_out + first * row_bytes,
+                     values_out + first * row_bytes);
+        first += static_cast<int64_t>(chosen.size());
+    }
+    const torch::Tensor staged = staging.to(queries.device(), /*non_blocking=*/true);
+    std::vector<torch::Tensor> outputs;
+    first = 0;
+    for (int64_t head = 0; head < kv_heads; ++head) {
+        const auto count = static_cast<int64_t>(rows[static_cast<std::size_t>(head)].size());
+        outputs.push_back(attend_head(queries, head, group, staged[0].narrow(0, first, count),
+                                      staged[1].narrow(0, first, count), scale));
+        first += count;
     }
     return torch::cat(outputs, 0).to(queries.scalar_type());
 }

@@ -379,3 +379,86 @@ TEST_CASE("an index written by h5py as the specification says restores", "[dci]"
             check_structure(index, 16);
         }
 }
+
+TEST_CASE("an index restored in place keeps its keys in the storage given, children together",
+          "[dci]") {
+    const int64_t count = 3000;
+    const std::vector<float> keys = clustered_keys(count, 12, 30);
+    DciIndex built(dim, random_direction(31));
+    built.build(keys.data(), count - 300);
+    built.insert(keys.data() + (count - 300) * dim, 300);  // pages out of id order
+    const DciLayout layout = built.layout();
+    // Chunks, as an offloaded cache gives them.
+    auto reader = [&](std::span<const int32_t> tokens, float* out) {
+        REQUIRE(tokens.size() <= 4096);
+        for (std::size_t i = 0; i < tokens.size(); ++i)
+            std::copy_n(keys.data() + tokens[i] * dim, dim, out + static_cast<int64_t>(i) * dim);
+    };
+    DciIndex copy(dim, random_direction(31)), in_place(dim, random_direction(31));
+    copy.restore(keys.data(), count, layout, "'a.kvc'");
+    std::vector<float> storage(static_cast<std::size_t>(count * dim), std::nanf(""));
+    int64_t reads = 0, rows_read = 0;  // the queries' reads of the storage
+    KeyStorage on_disk;
+    on_disk.rows = storage.data();
+    on_disk.read = [&](int64_t first, int64_t rows, float* out) {
+        ++reads;
+        rows_read += rows;
+        REQUIRE(first + rows <= count);
+        std::copy_n(storage.data() + first * dim, rows * dim, out);
+    };
+    in_place.restore_in_place(reader, count, layout, "'a.kvc'", on_disk);
+    CHECK(reads == 0);
+    CHECK(in_place.in_place());
+    CHECK_FALSE(copy.in_place());
+    check_structure(in_place, 16);
+    for (int64_t token = 0; token < count; ++token) {
+        REQUIRE(in_place.projection_of(token) == copy.projection_of(token));
+        REQUIRE(in_place.token_page(token) == copy.token_page(token));
+    }
+    // Every key is in the storage once; each point's children lie side by side, page after page.
+    std::map<float, int64_t> row_of;  // clustered keys are distinct in their first channel
+    for (int64_t row = 0; row < count; ++row) {
+        REQUIRE_FALSE(std::isnan(storage[static_cast<std::size_t>(row * dim)]));
+        row_of[storage[static_cast<std::size_t>(row * dim)]] = row;
+    }
+    REQUIRE(static_cast<int64_t>(row_of.size()) == count);
+    for (int64_t token = 0; token < count; ++token)
+        REQUIRE(std::equal(
+            keys.data() + token * dim, keys.data() + (token + 1) * dim,
+            storage.data() + row_of.at(keys[static_cast<std::size_t>(token * dim)]) * dim));
+    for (int32_t owner = -1; owner < static_cast<int32_t>(count); ++owner) {
+        if (owner >= 0 && in_place.level(owner) == 0) continue;
+        std::vector<int64_t> rows;
+        for (int32_t page : in_place.child_pages(owner))
+            for (int32_t token : in_place.page_tokens(page))
+                rows.push_back(row_of.at(keys[static_cast<std::size_t>(token * dim)]));
+        for (std::size_t i = 1; i < rows.size(); ++i)
+            REQUIRE(rows[i] == rows[i - 1] + 1);
+    }
+    // Queries score the same keys: the same pages, scores and work, each point's chosen
+    // children read in one run, from the storage or through `read`.
+    DciIndex direct(dim, random_direction(31));
+    direct.restore_in_place(reader, count, layout, "'a.kvc'", {storage.data(), {}});
+    const std::vector<float> queries = clustered_keys(12, 12, 32);
+    int64_t dot_products = 0;
+    for (int q = 0; q < 12; ++q) {
+        const float* query = queries.data() + q * dim;
+        const DciQueryResult a = copy.query(query, {}), b = in_place.query(query, {});
+        CHECK(a.pages == b.pages);
+        CHECK(a.page_scores == b.page_scores);
+        CHECK(a.dot_products == b.dot_products);
+        const DciQueryResult c = direct.query(query, {});
+        CHECK(c.pages == a.pages);
+        CHECK(c.page_scores == a.page_scores);
+        dot_products += b.dot_products;
+    }
+    CHECK(rows_read == dot_products);
+    CHECK(reads * 10 < rows_read);  // runs of many keys, not a read per key
+    CHECK_THROWS_WITH(in_place.insert(keys.data(), 1), Catch::Contains("restored in place"));
+    DciLayout bad = layout;
+    bad.page_tokens[1] = bad.page_tokens[0];
+    CHECK_THROWS_WITH(in_place.restore_in_place(reader, count, bad, "'a.kvc'", on_disk),
+                      Catch::Contains("'a.kvc': invalid index"));
+    CHECK_THROWS_AS(in_place.restore_in_place(reader, count, layout, "'a.kvc'", KeyStorage{}),
+                    UsageError);
+}

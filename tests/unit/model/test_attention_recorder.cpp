@@ -8,8 +8,7 @@
 
 using namespace kv;
 
-TEST_CASE("the recorded attention is the mean softmax over heads and prompt tokens",
-          "[plot]") {
+TEST_CASE("the recorded attention is the mean softmax over heads and prompt tokens", "[plot]") {
     torch::manual_seed(3);
     const int64_t query_heads = 4, kv_heads = 2, tokens = 3, keys_count = 7, dim = 5;
     const torch::Tensor queries = torch::randn({query_heads, tokens, dim});

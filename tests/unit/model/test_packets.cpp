@@ -1,7 +1,11 @@
 // Packets baked separately and realigned equal one forward pass over all documents with a
 // block-diagonal mask: the proof that realignment by rotation is exact, for both RoPE layouts.
+#include "../cache_fixtures.hpp"
+#include "../test_support.hpp"
+#include "kv/error.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/packets.hpp"
+#include "kv/model/sparse.hpp"
 #include "random_model.hpp"
 
 #include <catch2/catch.hpp>
@@ -141,4 +145,82 @@ TEST_CASE(
         // Layer 0's keys depend on the token alone; from layer 1 on they saw the first document.
         if (layer > 0) CHECK(moved.narrow(0, 5, 2).all().item<bool>());
     }
+}
+
+TEST_CASE("a cache offloaded to disk holds and decodes exactly what one in memory does",
+          "[packets][offload]") {
+    ModelConfig config = testing::small_config("LlamaForCausalLM");
+    config.num_layers = 3;
+    auto model = Model::from_weights(testing::make_random_model(config, 41).weights,
+                                     torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    test::TempDir dir;
+    for (const CacheDtype stored : {CacheDtype::f32, CacheDtype::bf16}) {
+        CAPTURE(cache_dtype_name(stored));
+        // Two baked packets in one file, in the stored dtype: the second is realigned.
+        CacheModelInfo info = test::test_model(stored);
+        info.num_layers = config.num_layers;
+        info.num_kv_heads = config.num_kv_heads;
+        info.head_dim = config.head_dim;
+        std::vector<Packet> packets = {bake_alone(*model, {3, 1, 4, 1, 5, 9, 2, 6}, "a"),
+                                       bake_alone(*model, {2, 7, 1, 8, 2, 8}, "b")};
+        for (Packet& packet : packets) {
+            if (stored == CacheDtype::bf16)
+                for (auto* tensor : {&packet.keys, &packet.values}) {
+                    const torch::Tensor wide =
+                        torch::from_blob(tensor->data(), {static_cast<int64_t>(tensor->size() / 4)},
+                                         torch::kFloat32);
+                    const torch::Tensor narrow = wide.to(torch::kBFloat16);
+                    const auto* bytes = static_cast<const std::byte*>(narrow.data_ptr());
+                    *tensor = std::vector<std::byte>(bytes, bytes + narrow.nbytes());
+                }
+        }
+        const auto path = dir.path() / (std::string(cache_dtype_name(stored)) + ".kvc");
+        test::write_store(path, info, packets);
+        const CacheReader reader(path);
+
+        KvCache memory = model->new_cache();
+        KvCache disk = KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
+                                        torch::kFloat32, 20, dir.path());
+        CHECK(disk.offloaded());
+        CHECK_FALSE(memory.offloaded());
+        for (const PacketInfo& packet : reader.packets()) {
+            append_packet(model->rope(), memory, reader.read(packet.id), stored);
+            append_packet_planes(model->rope(), disk, reader.read_without_tensors(packet.id),
+                                 reader, stored);
+        }
+        disk.release_pages();  // the data stays in the file
+        REQUIRE(disk.length() == 14);
+        CHECK(disk.next_position() == memory.next_position());
+        CHECK(torch::equal(disk.positions(), memory.positions()));
+        for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+            CHECK(torch::equal(disk.keys(layer), memory.keys(layer)));
+            CHECK(torch::equal(disk.values(layer), memory.values(layer)));
+        }
+        // Decoding writes new tokens into the file and reads them back, layer by layer released.
+        const std::vector<int32_t> prompt = {4, 2, 11};
+        const torch::Tensor from_memory = model->prefill(prompt, memory);
+        const torch::Tensor from_disk = model->prefill(prompt, disk);
+        CHECK(torch::equal(from_memory, from_disk));
+        CHECK(torch::equal(disk.keys(2), memory.keys(2)));
+        // Chosen rows gathered from the file into one staging buffer attend exactly as rows
+        // picked from memory (runs and single rows, out of order across heads).
+        const std::vector<std::vector<int64_t>> rows = {{0, 1, 2, 7, 9, 16}, {3, 4, 5, 6, 16}};
+        const torch::Tensor queries = torch::randn({config.num_heads, 1, config.head_dim});
+        for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+            const torch::Tensor expected =
+                attention_over_rows(queries, memory.keys(layer), memory.values(layer), rows, 0.25);
+            CHECK(torch::equal(attention_over_staged_rows(queries, disk, layer, rows, 0.25),
+                               expected));
+            CHECK(torch::equal(attention_over_staged_rows(queries, memory, layer, rows, 0.25),
+                               expected));
+        }
+        // Made for 20 tokens, it cannot grow.
+        CHECK_THROWS_AS(model->prefill(std::vector<int32_t>(4, 1), disk), UnsupportedError);
+        CHECK(disk.length() == 17);
+    }
+    // The file has no name: nothing is left in the folder.
+    CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
+                        std::filesystem::directory_iterator()) == 2);
+    CHECK_THROWS_AS(KvCache::on_disk(1, 1, 8, torch::kFloat32, 4, dir.path() / "absent"), IoError);
 }

@@ -57,6 +57,11 @@ struct ServeOptions {
     /// layer), "cacheblend" (every packet token in the first two layers, then the
     /// `recompute_ratio` whose keys and values deviated most at layer 1) or "all" (full
     /// recompute of every packet token).
+    /// Where the --cache keys and values live while decoding: "host" (memory) or "disk" (a
+    /// temporary file in `offload_dir`, mapped, pages brought in as a step reads them and
+    /// dropped again after each layer: memory holds what one step reads, not the context).
+    std::string offload = "host";
+    std::filesystem::path offload_dir;  ///< empty: $TMPDIR, else /tmp
     std::string recompute = "none";
     double recompute_ratio = 0.3;
     int64_t recompute_tokens = 32;
@@ -73,6 +78,8 @@ struct ServeStats {
     /// After its last layer, waiting for the index worker (the part of the index work that
     /// did not overlap the prefill).
     double index_wait_seconds = 0;
+    std::string offload;               ///< as ServeOptions::offload
+    int64_t offloaded_bytes = 0;       ///< the files an offloaded cache and its index keys live in
     int64_t cache_tokens = 0;          ///< tokens taken from --cache files
     int64_t cache_bytes_read = 0;      ///< bytes of keys and values read from them
     double cache_load_seconds = 0;     ///< reading them (included in time to first token)

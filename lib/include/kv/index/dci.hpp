@@ -16,6 +16,8 @@
 #include "kv/index/layout.hpp"
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,6 +53,19 @@ struct DciQueryResult {
     int64_t dot_products = 0;        ///< exact q.k computed
 };
 
+/// Writes the keys of `tokens` (a few thousand at most) in the index's frame, row-major float32,
+/// to `out`.
+using KeyReader = std::function<void(std::span<const int32_t> tokens, float* out)>;
+
+/// Where an index restored in place keeps its keys: `rows` (count * head_dim floats, e.g. a
+/// FileArena region) that restoring writes once, by the index's own order of slots, and `read`,
+/// which copies rows [first, first + count) of them back for a query (empty: straight from
+/// `rows`). A file read through `read` (pread) brings nothing into the process but the copy.
+struct KeyStorage {
+    float* rows = nullptr;
+    std::function<void(int64_t first, int64_t count, float* out)> read;
+};
+
 /// A projection direction: head_dim + 1 standard normal draws from `seed`, normalised. One
 /// serves every index of a file.
 std::vector<float> dci_projection(int64_t head_dim, uint64_t seed);
@@ -75,6 +90,17 @@ class DciIndex {
     /// when the layout does not describe a valid index of these keys.
     void restore(const float* keys, int64_t count, const DciLayout& layout,
                  const std::string& source);
+    /// restore() that keeps its keys in `storage` instead of memory of its own: `read` gives
+    /// them a few thousand at a time (in token order, then in the storage's order, so that the
+    /// storage is written front to back), and they are written there in the index's own order,
+    /// the children of one parent side by side, so that a query scoring a point's children reads
+    /// one run of rows (on disk, one read of a few pages instead of one page per key). Memory
+    /// then holds per token a few numbers, not its key. Such an index takes no new tokens
+    /// (insert() throws).
+    void restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
+                          const std::string& source, KeyStorage storage);
+    /// Whether the index keeps its keys in storage given to restore_in_place.
+    bool in_place() const { return key_storage_.rows != nullptr; }
 
     int64_t head_dim() const { return head_dim_; }
     int64_t size() const { return static_cast<int64_t>(level_.size()); }
@@ -92,6 +118,7 @@ class DciIndex {
     /// -1 for the points of the top level, which hang under the virtual root.
     int32_t parent(int64_t token) const { return parent_[token]; }
     std::span<const int32_t> level_points(int level) const { return level_points_[level]; }
+    /// The key of a token, for an index that keeps its keys (not restored in place).
     const float* key(int64_t token) const { return keys_.data() + token * head_dim_; }
     float projection_of(int64_t token) const { return projection_value_[token]; }
     double max_squared_norm() const { return max_squared_norm_; }
@@ -108,6 +135,7 @@ class DciIndex {
     int32_t root_slot() const { return static_cast<int32_t>(level_.size()); }
     std::vector<int32_t>& pages_of(int32_t parent);
     const std::vector<int32_t>& pages_of(int32_t parent) const;
+    int64_t pages_below(int32_t point) const;  ///< level-0 pages in its subtree (-1: the root)
     void reset();
     int next_level();
     void add_token(const float* key);
@@ -123,13 +151,19 @@ class DciIndex {
     int32_t new_page(int32_t parent);
     void count_pages_below();
     void reproject_and_rebuild();
+    void restore_from(const KeyReader& read, int64_t count, const DciLayout& layout,
+                      const std::string& source, bool keep_keys);
+    /// The key of a token, wherever the index keeps it.
+    void copy_key(int32_t token, float* out) const;
 
     int64_t head_dim_;
     std::vector<float> direction_;  // u, unit length, d + 1 values
     DciOptions options_;
     double max_squared_norm_ = 0;
 
-    std::vector<float> keys_;
+    std::vector<float> keys_;    // empty when restored in place
+    KeyStorage key_storage_;     // the keys of an index restored in place, by slot
+    std::vector<int32_t> slot_;  // each token's row in key_storage_
     std::vector<float> squared_norm_;
     std::vector<float> projection_value_;
     std::vector<int8_t> level_;
@@ -138,10 +172,13 @@ class DciIndex {
     std::vector<int32_t> token_page_;
     std::vector<std::vector<int32_t>> level_points_;  // tokens of each level, in token order
     std::vector<int64_t> promoted_;  // points at each level or above, for the promotion rule
-    std::vector<std::vector<int32_t>> child_pages_;  // per point (and the root last): its pages
+    // Pages are owned by the root and by the few points that have children (levels >= 1,
+    // about 1.25% of the tokens): a table per owner, so that a level-0 token costs 4 bytes here.
+    std::vector<int32_t> owner_;                    // per token: its row below, -1 if it owns none
+    std::deque<std::vector<int32_t>> owned_pages_;  // per owner (the root first): its pages
+    std::vector<int64_t> owned_pages_below_;        // per owner: level-0 pages in its subtree
     std::vector<Page> pages_;
     std::vector<int32_t> free_pages_;
-    std::vector<int64_t> pages_below_;  // per point (root last): level-0 pages in its subtree
     std::vector<uint8_t> dirty_;
     // Each level's keys and squared norms row by row, for the brute-force parent search; points
     // only ever join a level, so the packs grow and stay valid.

@@ -41,6 +41,10 @@ struct PacketIndex {
         return layouts[static_cast<std::size_t>(
             (layer * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment)];
     }
+    DciLayout& layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) {
+        return layouts[static_cast<std::size_t>(
+            (layer * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment)];
+    }
 };
 
 }  // namespace kv

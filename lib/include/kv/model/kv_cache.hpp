@@ -10,14 +10,43 @@
 #include <torch/utils.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
 #include <vector>
 
 namespace kv {
+
+class FileArena;
 
 class KvCache {
   public:
     KvCache(int64_t num_layers, int64_t kv_heads, int64_t head_dim, torch::ScalarType dtype,
             torch::Device device, int64_t capacity = 256);
+
+    /// A host cache of fixed `capacity` whose keys and values live in an unnamed temporary file
+    /// in `folder` (empty: $TMPDIR, else /tmp), mapped into memory (positions stay in memory): the
+    /// offloading tier on disk. Reading a row brings its page in from the file (or the OS page
+    /// cache); release_pages() drops the pages read so far from the process again, so that what
+    /// stays resident is what one step reads, not what the cache holds. Throws IoError when the
+    /// file cannot be made.
+    static KvCache on_disk(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
+                           torch::ScalarType dtype, int64_t capacity,
+                           const std::filesystem::path& folder);
+    /// Whether the keys and values live in a file (on_disk).
+    bool offloaded() const { return arena_ != nullptr; }
+    /// Drops layer `layer`'s mapped pages from the process (all layers when -1); a no-op for a
+    /// cache in memory. The data stays in the file.
+    void release_pages(int64_t layer = -1);
+    /// Bytes of the file holding an offloaded cache (0 in memory).
+    int64_t offloaded_bytes() const;
+    /// Copies the keys and values of `rows` of kv head `head` of layer `layer` to `keys_out` and
+    /// `values_out` (rows.size() * head_dim elements of the cache's dtype each). An offloaded
+    /// cache reads its file with pread, one read per run of consecutive rows, so that no page
+    /// of it enters the process; a cache in memory copies from its tensors. A null output is
+    /// skipped.
+    void gather(int64_t layer, int64_t head, std::span<const int64_t> rows, void* keys_out,
+                void* values_out) const;
 
     int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
     int64_t kv_heads() const { return kv_heads_; }
@@ -39,6 +68,9 @@ class KvCache {
     /// head_dim]): a layer computed in parts, as a document prefilled layer by layer is.
     void write_part(int64_t layer, int64_t first, const torch::Tensor& keys,
                     const torch::Tensor& values);
+    /// Stores the keys (or values) [T, head_dim] of all pending tokens of one kv head of layer
+    /// `layer`: a cache filled one (layer, head) plane at a time, as an offloaded one is.
+    void write_plane(int64_t layer, int64_t head, bool keys, const torch::Tensor& plane);
     void commit();
     /// Drops pending tokens (after an error mid-forward).
     void rollback();
@@ -81,6 +113,9 @@ class KvCache {
     int64_t length_ = 0;
     int64_t pending_ = 0;
     int64_t next_position_ = 0;
+    std::shared_ptr<FileArena> arena_;                 // the file of an offloaded cache
+    std::vector<std::span<std::byte>> layer_regions_;  // its keys and values, per layer
+    std::vector<std::size_t> layer_offsets_;           // where each region starts in the file
 };
 
 }  // namespace kv

@@ -32,4 +32,11 @@ torch::Tensor packet_tensor(const Packet& packet, bool keys, int64_t num_layers,
 /// logical length (compressed packets keep their gaps).
 void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, CacheDtype dtype);
 
+/// append_packet() for a packet read without its tensors (CacheReader::read_without_tensors):
+/// its keys and values come from `reader` one (layer, kv-head) plane at a time, so memory never
+/// holds the packet (an offloaded cache). The same arithmetic as append_packet, bit for bit.
+/// Packets that keep different tokens per head are refused (UnsupportedError).
+void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet,
+                          const CacheReader& reader, CacheDtype dtype);
+
 }  // namespace kv

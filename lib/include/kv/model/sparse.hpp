@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -46,6 +47,9 @@ struct SparseOptions {
     int64_t field_of_view = 0;  ///< IceCache query; 0: max(tokens / 1000, 30)
     double retrieve_share = 0.8;
     bool measure_recall = false;  ///< compute the full softmax too, to report attention recall
+    /// Where the stored indexes of a cache offloaded to disk keep their keys (a temporary file;
+    /// empty: $TMPDIR, else /tmp). See prepare().
+    std::filesystem::path offload_dir;
 };
 
 /// The resident split a budget gives (see the header comment).
@@ -63,6 +67,7 @@ struct SparseStats {
     int64_t indexed_tokens = 0;         ///< tokens inserted or built into indexes while decoding
     double index_seconds = 0;           ///< building and growing indexes
     double select_seconds = 0;          ///< choosing tokens (queries included)
+    int64_t offloaded_index_bytes = 0;  ///< the file the indexes of an offloaded cache keep keys in
 };
 
 class SparseAttention {
@@ -74,7 +79,7 @@ class SparseAttention {
 
     /// Cache rows [first_row, first_row + stored) came from a packet with this index, its keys
     /// rotated by `position_offset` more positions when appended. IceCache uses it as is.
-    void add_stored_index(int64_t first_row, int64_t position_offset, const PacketIndex& index);
+    void add_stored_index(int64_t first_row, int64_t position_offset, PacketIndex index);
 
     /// The rows each kv head attends to at this one-token step of layer `layer`: false when it
     /// attends to all of them (dense layer, method full, or everything fits the budget).
@@ -85,6 +90,9 @@ class SparseAttention {
     /// Builds or restores the indexes of every sparse layer for the rows the cache holds now
     /// (IceCache; others need nothing), so that this one-time work happens before decoding
     /// instead of inside its first step. select() does the same lazily when not called.
+    /// For a cache offloaded to disk (KvCache::on_disk) the stored indexes keep their keys in a
+    /// file too (DciIndex::restore_in_place), and what restoring and each later query read of
+    /// them is dropped from memory again: memory holds the indexes' per-token numbers, not keys.
     void prepare(const KvCache& cache);
     /// prepare() for one layer whose keys [Hkv, S, D] are final, while later layers are still
     /// being computed (a document prefilled layer by layer). Calls for different layers must not
@@ -145,5 +153,13 @@ class IndexWorker {
 torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Tensor& keys,
                                   const torch::Tensor& values,
                                   const std::vector<std::vector<int64_t>>& rows, double scale);
+
+/// attention_over_rows() over the cache's layer `layer`, the chosen rows of every kv head
+/// gathered into one staging buffer first (KvCache::gather: from an offloaded cache's file
+/// without mapping a page) and moved to the queries' device in one transfer. The same result.
+torch::Tensor attention_over_staged_rows(const torch::Tensor& queries, const KvCache& cache,
+                                         int64_t layer,
+                                         const std::vector<std::vector<int64_t>>& rows,
+                                         double scale);
 
 }  // namespace kv
