@@ -296,6 +296,14 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
                                               cache.values(index), rows, scale);
                 x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
                                    layer.o_proj);
+            } else if (cache.offloaded() && x.size(0) == 1 && !allow.defined() &&
+                       config_.sliding_window == 0 && !cache.has_padding()) {
+                // A dense layer of a cache on disk: read in chunks, never resident as a whole.
+                const torch::Tensor attended =
+                    attention_streamed(projected.queries, cache, index,
+                                       1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+                x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
+                                   layer.o_proj);
             } else {
                 x = x +
                     attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);

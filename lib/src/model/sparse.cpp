@@ -3,6 +3,7 @@
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
 #include "kv/memory.hpp"
+#include "kv/model/gemv.hpp"
 
 #include <ATen/Parallel.h>
 
@@ -666,6 +667,80 @@ torch::Tensor attention_over_staged_rows(const torch::Tensor& queries, const KvC
         first += count;
     }
     return torch::cat(outputs, 0).to(queries.scalar_type());
+}
+
+torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& cache, int64_t layer,
+                                 double scale, int64_t chunk) {
+    const int64_t kv_heads = cache.kv_heads(), group = queries.size(0) / kv_heads;
+    const int64_t dim = cache.head_dim(), total = cache.keys(layer).size(1);
+    const torch::ScalarType stored = cache.dtype();
+    // The decoding kernels read bf16 and f32 rows as they are; f16 goes through float32.
+    const bool direct = stored == torch::kBFloat16 || stored == torch::kFloat32;
+    chunk = std::max<int64_t>(1, std::min(chunk, total));
+    const torch::Tensor q =
+        queries.reshape({queries.size(0), dim}).to(torch::kCPU, torch::kFloat32).contiguous();
+    torch::Tensor out = torch::empty({queries.size(0), dim}, torch::kFloat32);
+    // One kv head per job, each with its own chunk buffers: memory holds a chunk per thread.
+    at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
+        const torch::Tensor keys = torch::empty({chunk, dim}, stored);
+        const torch::Tensor values = torch::empty({chunk, dim}, stored);
+        std::vector<int64_t> rows;
+        std::vector<float> scores(static_cast<std::size_t>(chunk));
+        for (int64_t head = begin; head < end; ++head) {
+            // Per query head of the group: running maximum, sum of exponentials, weighted values.
+            std::vector<double> best(static_cast<std::size_t>(group),
+                                     -std::numeric_limits<double>::infinity());
+            std::vector<double> sum(static_cast<std::size_t>(group), 0.0);
+            std::vector<float> weighted(static_cast<std::size_t>(group * dim), 0.0f);
+            for (int64_t first = 0; first < total; first += chunk) {
+                const int64_t count = std::min(chunk, total - first);
+                rows.resize(static_cast<std::size_t>(count));
+                std::iota(rows.begin(), rows.end(), first);
+                cache.gather(layer, head, rows, keys.data_ptr(), values.data_ptr());
+                torch::Tensor k = keys, v = values;
+                if (!direct) {
+                    k = keys.narrow(0, 0, count).to(torch::kFloat32).contiguous();
+                    v = values.narrow(0, 0, count).to(torch::kFloat32).contiguous();
+                }
+                for (int64_t member = 0; member < group; ++member) {
+                    const auto m = static_cast<std::size_t>(member);
+                    const float* query = q.data_ptr<float>() + (head * group + member) * dim;
+                    if (k.scalar_type() == torch::kBFloat16)
+                        dot_rows_bf16(static_cast<const uint16_t*>(k.data_ptr()), query,
+                                      scores.data(), count, dim);
+                    else
+                        dot_rows_f32(k.data_ptr<float>(), query, scores.data(), count, dim);
+                    double top = best[m];
+                    for (int64_t i = 0; i < count; ++i)
+                        top = std::max(top, scale * static_cast<double>(scores[i]));
+                    const double decay = std::exp(best[m] - top);
+                    double added = 0;
+                    for (int64_t i = 0; i < count; ++i) {
+                        const double p = std::exp(scale * static_cast<double>(scores[i]) - top);
+                        scores[static_cast<std::size_t>(i)] = static_cast<float>(p);
+                        added += p;
+                    }
+                    float* acc = weighted.data() + member * dim;
+                    for (int64_t d = 0; d < dim; ++d)
+                        acc[d] = static_cast<float>(acc[d] * decay);
+                    if (v.scalar_type() == torch::kBFloat16)
+                        accumulate_rows_bf16(static_cast<const uint16_t*>(v.data_ptr()),
+                                             scores.data(), acc, count, dim);
+                    else
+                        accumulate_rows_f32(v.data_ptr<float>(), scores.data(), acc, count, dim);
+                    sum[m] = sum[m] * decay + added;
+                    best[m] = top;
+                }
+            }
+            for (int64_t member = 0; member < group; ++member) {
+                float* row = out.data_ptr<float>() + (head * group + member) * dim;
+                const float* acc = weighted.data() + member * dim;
+                for (int64_t d = 0; d < dim; ++d)
+                    row[d] = static_cast<float>(acc[d] / sum[static_cast<std::size_t>(member)]);
+            }
+        }
+    });
+    return out.unsqueeze(1).to(queries.device(), queries.scalar_type());
 }
 
 }  // namespace kv

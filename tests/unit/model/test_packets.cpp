@@ -215,12 +215,63 @@ TEST_CASE("a cache offloaded to disk holds and decodes exactly what one in memor
             CHECK(torch::equal(attention_over_staged_rows(queries, memory, layer, rows, 0.25),
                                expected));
         }
+        // A dense layer of the file streamed in chunks equals attention over all its rows.
+        std::vector<std::vector<int64_t>> all(2);
+        for (auto& head : all)
+            for (int64_t row = 0; row < disk.length(); ++row)
+                head.push_back(row);
+        for (int64_t layer = 0; layer < config.num_layers; ++layer)
+            for (const int64_t chunk : {1, 5, 4096})
+                CHECK(torch::allclose(attention_streamed(queries, disk, layer, 0.25, chunk),
+                                      attention_over_rows(queries, memory.keys(layer),
+                                                          memory.values(layer), all, 0.25),
+                                      1e-5, 1e-6));
+        // One decoding step, whose dense layers stream: the same logits up to rounding.
+        const torch::Tensor step_memory = model->prefill(std::vector<int32_t>{7}, memory);
+        const torch::Tensor step_disk = model->prefill(std::vector<int32_t>{7}, disk);
+        CHECK(torch::allclose(step_memory, step_disk, 1e-4, 1e-5));
         // Made for 20 tokens, it cannot grow.
-        CHECK_THROWS_AS(model->prefill(std::vector<int32_t>(4, 1), disk), UnsupportedError);
-        CHECK(disk.length() == 17);
+        CHECK_THROWS_AS(model->prefill(std::vector<int32_t>(3, 1), disk), UnsupportedError);
+        CHECK(disk.length() == 18);
     }
     // The file has no name: nothing is left in the folder.
     CHECK(std::distance(std::filesystem::directory_iterator(dir.path()),
                         std::filesystem::directory_iterator()) == 2);
     CHECK_THROWS_AS(KvCache::on_disk(1, 1, 8, torch::kFloat32, 4, dir.path() / "absent"), IoError);
+}
+
+TEST_CASE("a bf16 cache on disk streams and stages its rows as one in memory attends to them",
+          "[offload]") {
+    torch::NoGradGuard no_grad;
+    test::TempDir dir;
+    torch::manual_seed(5);
+    const int64_t layers = 2, kv_heads = 2, dim = 16, tokens = 37;
+    KvCache memory(layers, kv_heads, dim, torch::kBFloat16, torch::kCPU);
+    KvCache disk = KvCache::on_disk(layers, kv_heads, dim, torch::kBFloat16, 40, dir.path());
+    std::vector<torch::Tensor> keys, values;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+        keys.push_back(torch::randn({kv_heads, tokens, dim}).to(torch::kBFloat16));
+        values.push_back(torch::randn({kv_heads, tokens, dim}).to(torch::kBFloat16));
+    }
+    const torch::Tensor positions = torch::arange(tokens, torch::kInt64);
+    memory.append(keys, values, positions);
+    disk.append(keys, values, positions);
+    disk.release_pages();
+    const torch::Tensor queries = torch::randn({6, 1, dim}).to(torch::kBFloat16);
+    std::vector<std::vector<int64_t>> all(kv_heads), some = {{0, 5, 6, 7, 30}, {36, 2, 3}};
+    for (auto& head : all)
+        for (int64_t row = 0; row < tokens; ++row)
+            head.push_back(row);
+    for (int64_t layer = 0; layer < layers; ++layer) {
+        const torch::Tensor expected =
+            attention_over_rows(queries, memory.keys(layer), memory.values(layer), all, 0.3)
+                .to(torch::kFloat32);
+        for (const int64_t chunk : {1, 8, 64})
+            CHECK(torch::allclose(
+                attention_streamed(queries, disk, layer, 0.3, chunk).to(torch::kFloat32), expected,
+                1e-2, 1e-2));
+        CHECK(torch::equal(
+            attention_over_staged_rows(queries, disk, layer, some, 0.3),
+            attention_over_rows(queries, memory.keys(layer), memory.values(layer), some, 0.3)));
+    }
 }

@@ -162,4 +162,11 @@ torch::Tensor attention_over_staged_rows(const torch::Tensor& queries, const KvC
                                          const std::vector<std::vector<int64_t>>& rows,
                                          double scale);
 
+/// Exact attention of one token's queries [Hq, 1, D] over every row of the cache's layer
+/// `layer` (the decoding token sees them all: no mask), read `chunk` rows at a time with
+/// KvCache::gather and joined by an online softmax, so that an offloaded cache's dense layers
+/// hold one chunk in memory, not the layer. Equal to attention() up to float rounding.
+torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& cache, int64_t layer,
+                                 double scale, int64_t chunk = 4096);
+
 }  // namespace kv
