@@ -620,25 +620,28 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
         read(tokens, buffer.data());
         return buffer.data();
     };
-    for (int64_t first = 0; first < count; first += chunk) {
-        const int64_t rows = std::min(chunk, count - first);
-        const float* keys = chunk_keys(first, rows);
-        for (int64_t i = 0; i < rows; ++i) {
-            const std::size_t token = static_cast<std::size_t>(first + i);
-            const float* key = keys + i * head_dim_;
-            if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
-            squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
-            const int level = layout.levels[token];
-            level_.push_back(static_cast<int8_t>(level));
-            level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
-            for (int up = 0; up <= level; ++up)
-                ++promoted_[static_cast<std::size_t>(up)];
-            if (!keep_keys && level > 0) {
-                upper_row[token] = static_cast<int32_t>(upper_keys.size() / dim);
-                upper_keys.insert(upper_keys.end(), key, key + head_dim_);
-            }
+    // Every key once, chunk by chunk, with its token.
+    auto for_each_key = [&](const auto& visit) {
+        for (int64_t first = 0; first < count; first += chunk) {
+            const int64_t rows = std::min(chunk, count - first);
+            const float* keys = chunk_keys(first, rows);
+            for (int64_t i = 0; i < rows; ++i)
+                visit(static_cast<std::size_t>(first + i), keys + i * head_dim_);
         }
-    }
+    };
+    for_each_key([&](std::size_t token, const float* key) {
+        if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
+        squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
+        const int level = layout.levels[token];
+        level_.push_back(static_cast<int8_t>(level));
+        level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
+        for (int up = 0; up <= level; ++up)
+            ++promoted_[static_cast<std::size_t>(up)];
+        if (!keep_keys && level > 0) {
+            upper_row[token] = static_cast<int32_t>(upper_keys.size() / dim);
+            upper_keys.insert(upper_keys.end(), key, key + head_dim_);
+        }
+    });
     for (int level = 0; level < top; ++level)
         if (level_points_[static_cast<std::size_t>(level) + 1].empty()) fail("an empty level");
     max_squared_norm_ = layout.max_squared_norm;
@@ -649,35 +652,28 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
     token_page_.assign(n, -1);
     projection_value_.resize(n);
     owner_.assign(n, -1);
-    for (int64_t first = 0; first < count; first += chunk) {
-        const int64_t rows = std::min(chunk, count - first);
-        const float* keys = chunk_keys(first, rows);
-        for (int64_t i = 0; i < rows; ++i) {
-            const std::size_t token = static_cast<std::size_t>(first + i);
-            const float* key = keys + i * head_dim_;
-            projection_value_[token] = project(key, squared_norm_[token]);
-            const int32_t parent = parent_[token];
-            if (level_[token] == top) {
-                if (parent != -1) fail("a top-level token has a parent");
-            } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
-                       level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
-                fail("token " + std::to_string(token) + " has no parent one level up");
-            } else {
-                const float* parent_key =
-                    keep_keys
-                        ? this->key(parent)
-                        : upper_keys.data() + static_cast<std::size_t>(
-                                                  upper_row[static_cast<std::size_t>(parent)]) *
-                                                  dim;
-                const double tails =
-                    std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm_[token]) *
-                              std::max(0.0, max_squared_norm_ -
-                                                squared_norm_[static_cast<std::size_t>(parent)]));
-                parent_distance_[token] =
-                    static_cast<float>(max_squared_norm_ - dot(key, parent_key, head_dim_) - tails);
-            }
+    for_each_key([&](std::size_t token, const float* key) {
+        projection_value_[token] = project(key, squared_norm_[token]);
+        const int32_t parent = parent_[token];
+        if (level_[token] == top) {
+            if (parent != -1) fail("a top-level token has a parent");
+        } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
+                   level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
+            fail("token " + std::to_string(token) + " has no parent one level up");
+        } else {
+            const float* parent_key =
+                keep_keys
+                    ? this->key(parent)
+                    : upper_keys.data() +
+                          static_cast<std::size_t>(upper_row[static_cast<std::size_t>(parent)]) *
+                              dim;
+            const double tails = std::sqrt(
+                std::max(0.0, max_squared_norm_ - squared_norm_[token]) *
+                std::max(0.0, max_squared_norm_ - squared_norm_[static_cast<std::size_t>(parent)]));
+            parent_distance_[token] =
+                static_cast<float>(max_squared_norm_ - dot(key, parent_key, head_dim_) - tails);
         }
-    }
+    });
     std::size_t next = 0;
     for (int32_t size : layout.page_sizes) {
         if (size <= 0 || size > options_.page_size || next + static_cast<std::size_t>(size) > n)
