@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -89,7 +90,11 @@ DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions o
 void DciIndex::reset() {
     keys_.clear();
     key_storage_ = {};
-    slot_.clear();
+    token_count_ = 0;
+    owner_first_slot_.clear();
+    owner_of_point_.clear();
+    page_first_slot_.clear();
+    page_size_.clear();
     squared_norm_.clear();
     projection_value_.clear();
     level_.clear();
@@ -121,15 +126,21 @@ std::vector<int32_t>& DciIndex::pages_of(int32_t parent) {
 }
 const std::vector<int32_t>& DciIndex::pages_of(int32_t parent) const {
     static const std::vector<int32_t> none;
-    if (parent < 0) return owned_pages_.front();
-    const int32_t owner = owner_[static_cast<std::size_t>(parent)];
+    const int32_t owner = owner_index(parent);
     return owner < 0 ? none : owned_pages_[static_cast<std::size_t>(owner)];
 }
 
 int64_t DciIndex::pages_below(int32_t point) const {
-    if (point < 0) return owned_pages_below_.front();
-    const int32_t owner = owner_[static_cast<std::size_t>(point)];
+    const int32_t owner = owner_index(point);
     return owner < 0 ? 0 : owned_pages_below_[static_cast<std::size_t>(owner)];
+}
+
+int32_t DciIndex::owner_index(int32_t point) const {
+    if (point < 0) return 0;
+    if (!in_place()) return owner_[static_cast<std::size_t>(point)];
+    const auto found = std::lower_bound(owner_of_point_.begin(), owner_of_point_.end(),
+                                        std::pair<int32_t, int32_t>(point, -1));
+    return found != owner_of_point_.end() && found->first == point ? found->second : -1;
 }
 
 // Deterministic promotion: the next token rises a level while that level would otherwise hold
@@ -537,47 +548,88 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
                                 const std::string& source, KeyStorage storage) {
     if (!storage.rows && count > 0) throw UsageError("dci: restore_in_place needs key storage");
     restore_from(read, count, layout, source, false);
-    // Only insertion (refused) needs these; the rest is kept at its size.
+    // Slots: the root's children, then each point's, page after page in projection order; the
+    // pages keep their ids, as a slot range each.
+    const auto n = static_cast<std::size_t>(count);
+    std::vector<int32_t> token_at(n);
+    owner_first_slot_.assign(owned_pages_.size(), 0);
+    page_first_slot_.assign(pages_.size(), -1);
+    page_size_.assign(pages_.size(), 0);
+    int32_t next = 0;
+    auto lay_out = [&](std::size_t owner) {
+        owner_first_slot_[owner] = next;
+        for (int32_t page : owned_pages_[owner]) {
+            const std::vector<int32_t>& tokens = pages_[static_cast<std::size_t>(page)].tokens;
+            page_first_slot_[static_cast<std::size_t>(page)] = next;
+            page_size_[static_cast<std::size_t>(page)] = static_cast<int32_t>(tokens.size());
+            for (int32_t token : tokens)
+                token_at[static_cast<std::size_t>(next++)] = token;
+        }
+    };
+    lay_out(0);
+    owner_of_point_.clear();
+    for (std::size_t point = 0; point < n; ++point)
+        if (owner_[point] >= 0) {
+            owner_of_point_.emplace_back(static_cast<int32_t>(point), owner_[point]);
+            lay_out(static_cast<std::size_t>(owner_[point]));
+        }
+    // Each slot's row: the key, its projection, its token; written front to back.
+    const int64_t stride = head_dim_ + 2;
+    constexpr int64_t chunk = 4096;
+    std::vector<float> keys;
+    for (int64_t first = 0; first < count; first += chunk) {
+        const int64_t rows = std::min(chunk, count - first);
+        const std::span<const int32_t> tokens(token_at.data() + first,
+                                              static_cast<std::size_t>(rows));
+        keys.resize(static_cast<std::size_t>(rows * head_dim_));
+        read(tokens, keys.data());
+        for (int64_t i = 0; i < rows; ++i) {
+            float* row = storage.rows + (first + i) * stride;
+            std::copy_n(keys.data() + i * head_dim_, head_dim_, row);
+            row[head_dim_] = projection_value_[static_cast<std::size_t>(tokens[i])];
+            std::memcpy(row + head_dim_ + 1, &tokens[static_cast<std::size_t>(i)], sizeof(float));
+        }
+    }
+    key_storage_ = std::move(storage);
+    token_count_ = count;
+    // Only the pages, the owners and the levels' count stay in memory: per token, nothing.
+    const std::size_t level_count = level_points_.size();
+    std::vector<std::vector<int32_t>>(level_count).swap(level_points_);
     std::vector<float>().swap(parent_distance_);
     std::vector<float>().swap(squared_norm_);
-    for (std::vector<int32_t>& points : level_points_)
-        points.shrink_to_fit();
-    level_.shrink_to_fit();
-    // Slots: the root's children, then each point's, page after page in projection order.
-    slot_.assign(static_cast<std::size_t>(count), -1);
-    int32_t next = 0;
-    auto lay_out = [&](int32_t owner) {
-        for (int32_t page : child_pages(owner))
-            for (int32_t token : pages_[static_cast<std::size_t>(page)].tokens)
-                slot_[static_cast<std::size_t>(token)] = next++;
-    };
-    lay_out(-1);
-    for (int32_t point = 0; point < static_cast<int32_t>(count); ++point)
-        if (level_[static_cast<std::size_t>(point)] > 0) lay_out(point);
-    // Written front to back, a few thousand slots at a time.
-    std::vector<int32_t> token_at(static_cast<std::size_t>(count));
-    for (int64_t token = 0; token < count; ++token)
-        token_at[static_cast<std::size_t>(slot_[static_cast<std::size_t>(token)])] =
-            static_cast<int32_t>(token);
-    constexpr int64_t chunk = 4096;
-    for (int64_t first = 0; first < count; first += chunk)
-        read(std::span<const int32_t>(token_at).subspan(
-                 static_cast<std::size_t>(first),
-                 static_cast<std::size_t>(std::min(chunk, count - first))),
-             storage.rows + first * head_dim_);
-    key_storage_ = std::move(storage);
+    std::vector<float>().swap(projection_value_);
+    std::vector<int8_t>().swap(level_);
+    std::vector<int32_t>().swap(parent_);
+    std::vector<int32_t>().swap(token_page_);
+    std::vector<int32_t>().swap(owner_);
+    std::vector<Page>().swap(pages_);
+    std::vector<int32_t>().swap(free_pages_);
+    std::vector<uint8_t>().swap(dirty_);
 }
 
 void DciIndex::copy_key(int32_t token, float* out) const {
-    if (!in_place()) {
-        std::copy_n(key(token), head_dim_, out);
-    } else if (key_storage_.read) {
-        key_storage_.read(slot_[static_cast<std::size_t>(token)], 1, out);
-    } else {
-        std::copy_n(key_storage_.rows +
-                        static_cast<int64_t>(slot_[static_cast<std::size_t>(token)]) * head_dim_,
-                    head_dim_, out);
-    }
+    std::copy_n(key(token), head_dim_, out);
+}
+
+std::vector<int32_t> DciIndex::tokens_of_page(int32_t page) const {
+    if (!in_place()) return pages_[static_cast<std::size_t>(page)].tokens;
+    const int32_t first = page_first_slot_[static_cast<std::size_t>(page)];
+    const int32_t size = page_size_[static_cast<std::size_t>(page)];
+    const int64_t stride = head_dim_ + 2;
+    std::vector<float> rows(static_cast<std::size_t>(size * stride));
+    read_slots(first, size, rows.data());
+    std::vector<int32_t> tokens(static_cast<std::size_t>(size));
+    for (int32_t i = 0; i < size; ++i)
+        std::memcpy(&tokens[static_cast<std::size_t>(i)], rows.data() + i * stride + head_dim_ + 1,
+                    sizeof(float));
+    return tokens;
+}
+
+void DciIndex::read_slots(int64_t first, int64_t count, float* out) const {
+    if (key_storage_.read)
+        key_storage_.read(first, count, out);
+    else
+        std::copy_n(key_storage_.rows + first * (head_dim_ + 2), count * (head_dim_ + 2), out);
 }
 
 void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayout& layout,
@@ -715,6 +767,9 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
 }
 
 int64_t DciIndex::live_pages() const {
+    if (in_place())
+        return std::count_if(page_first_slot_.begin(), page_first_slot_.end(),
+                             [](int32_t first) { return first >= 0; });
     return static_cast<int64_t>(pages_.size() - free_pages_.size());
 }
 
@@ -741,61 +796,84 @@ DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& option
                                             dot(direction_.data(), query, head_dim_) / query_norm)
                        : 0.0f;
 
-    std::vector<float> page_best(pages_.size(), -std::numeric_limits<float>::infinity());
+    std::vector<float> page_best(static_cast<std::size_t>(page_capacity()),
+                                 -std::numeric_limits<float>::infinity());
     std::vector<int32_t> touched;
     std::vector<float> scores;
     using Scored = std::pair<float, int32_t>;  // q.k, token
 
+    // A point's children in projection order, as the query sees them: their tokens, pages and
+    // projections, and (in place) their rows, read from the storage in one run.
+    const int64_t stride = head_dim_ + 2;
+    std::vector<int32_t> tokens, pages;
+    std::vector<float> projections, slot_rows;
+    auto load_children = [&](int32_t owner) {
+        tokens.clear();
+        pages.clear();
+        projections.clear();
+        for (int32_t page : pages_of(owner)) {
+            const int32_t size = in_place() ? page_size_[static_cast<std::size_t>(page)]
+                                            : static_cast<int32_t>(pages_[page].tokens.size());
+            pages.insert(pages.end(), static_cast<std::size_t>(size), page);
+            if (!in_place())
+                for (int32_t token : pages_[page].tokens) {
+                    tokens.push_back(token);
+                    projections.push_back(projection_value_[token]);
+                }
+        }
+        if (!in_place() || pages.empty()) return;
+        const auto count = static_cast<int64_t>(pages.size());
+        slot_rows.resize(static_cast<std::size_t>(count * stride));
+        read_slots(owner_first_slot_[static_cast<std::size_t>(owner_index(owner))], count,
+                   slot_rows.data());
+        tokens.resize(static_cast<std::size_t>(count));
+        for (int64_t i = 0; i < count; ++i) {
+            projections.push_back(slot_rows[static_cast<std::size_t>(i * stride + head_dim_)]);
+            std::memcpy(&tokens[static_cast<std::size_t>(i)],
+                        slot_rows.data() + i * stride + head_dim_ + 1, sizeof(float));
+        }
+    };
+
     // Scores the children of `owner` nearest the query in projection: all of them, or `share`.
     auto expand = [&](int32_t owner, double take_share, std::vector<Scored>& out) {
-        std::vector<int32_t> children;
-        for (int32_t page : pages_of(owner))
-            children.insert(children.end(), pages_[page].tokens.begin(), pages_[page].tokens.end());
-        if (children.empty()) return;
+        load_children(owner);
+        if (tokens.empty()) return;
+        const std::size_t children = tokens.size();
         const auto wanted = static_cast<std::size_t>(
-            std::max(1.0, std::ceil(take_share * static_cast<double>(children.size()))));
+            std::max(1.0, std::ceil(take_share * static_cast<double>(children))));
         // The `wanted` children nearest in projection: a run [left, right) of them.
-        std::size_t left = 0, right = children.size();
-        if (wanted < children.size()) {
+        std::size_t left = 0, right = children;
+        if (wanted < children) {
             right = static_cast<std::size_t>(
-                std::lower_bound(children.begin(), children.end(), query_projection,
-                                 [&](int32_t t, float v) { return projection_value_[t] < v; }) -
-                children.begin());
+                std::lower_bound(projections.begin(), projections.end(), query_projection) -
+                projections.begin());
             left = right;
             while (right - left < wanted) {
                 const bool take_left =
-                    right >= children.size() ||
-                    (left > 0 && query_projection - projection_value_[children[left - 1]] <
-                                     projection_value_[children[right]] - query_projection);
+                    right >= children || (left > 0 && query_projection - projections[left - 1] <
+                                                          projections[right] - query_projection);
                 take_left ? --left : ++right;
             }
         }
-        const std::span<const int32_t> chosen(children.data() + left, right - left);
-        // One row kernel over the chosen keys, gathered: in place, the run is one run of slots.
-        std::vector<float> rows(chosen.size() * static_cast<std::size_t>(head_dim_));
-        const auto run = static_cast<int64_t>(chosen.size());
-        if (in_place() && slot_[static_cast<std::size_t>(chosen.back())] -
-                                  slot_[static_cast<std::size_t>(chosen.front())] ==
-                              run - 1) {
-            const int32_t first = slot_[static_cast<std::size_t>(chosen.front())];
-            if (key_storage_.read)
-                key_storage_.read(first, run, rows.data());
+        // One row kernel over the chosen keys, gathered.
+        const std::size_t run = right - left;
+        std::vector<float> rows(run * static_cast<std::size_t>(head_dim_));
+        for (std::size_t i = 0; i < run; ++i) {
+            float* row = rows.data() + i * static_cast<std::size_t>(head_dim_);
+            if (in_place())
+                std::copy_n(slot_rows.data() + static_cast<int64_t>(left + i) * stride, head_dim_,
+                            row);
             else
-                std::copy_n(key_storage_.rows + static_cast<int64_t>(first) * head_dim_,
-                            run * head_dim_, rows.data());
-        } else {
-            for (std::size_t i = 0; i < chosen.size(); ++i)
-                copy_key(chosen[i], rows.data() + i * static_cast<std::size_t>(head_dim_));
+                copy_key(tokens[left + i], row);
         }
-        scores.resize(chosen.size());
-        dot_rows_f32(rows.data(), query, scores.data(), static_cast<int64_t>(chosen.size()),
-                     head_dim_);
-        result.dot_products += static_cast<int64_t>(chosen.size());
-        for (std::size_t i = 0; i < chosen.size(); ++i) {
-            const int32_t page = token_page_[chosen[i]];
+        scores.resize(run);
+        dot_rows_f32(rows.data(), query, scores.data(), static_cast<int64_t>(run), head_dim_);
+        result.dot_products += static_cast<int64_t>(run);
+        for (std::size_t i = 0; i < run; ++i) {
+            const int32_t page = pages[left + i];
             if (page_best[page] == -std::numeric_limits<float>::infinity()) touched.push_back(page);
             page_best[page] = std::max(page_best[page], scores[i]);
-            out.emplace_back(scores[i], chosen[i]);
+            out.emplace_back(scores[i], tokens[left + i]);
         }
     };
 

@@ -216,9 +216,11 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys,
                         index->restore(k.data_ptr<float>(), count, layout, source);
                         return;
                     }
-                    const FileArena::Region storage = arena->allocate(
-                        static_cast<std::size_t>(count * keys.size(2)) * sizeof(float));
-                    const auto row_bytes = static_cast<std::size_t>(keys.size(2)) * sizeof(float);
+                    // A row per token: its key, projection and id (DciIndex::restore_in_place).
+                    const auto row_bytes =
+                        static_cast<std::size_t>(keys.size(2) + 2) * sizeof(float);
+                    const FileArena::Region storage =
+                        arena->allocate(static_cast<std::size_t>(count) * row_bytes);
                     KeyStorage keys_on_disk;
                     keys_on_disk.rows = reinterpret_cast<float*>(storage.bytes.data());
                     // Queries read by pread: their keys never become resident.
@@ -527,7 +529,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
                     const Segment& segment = s.segments[f.segment];
                     const auto& index =
                         segment.indexes[static_cast<std::size_t>(layer * kv_heads + head)];
-                    for (int32_t token : index->page_tokens(f.page))
+                    for (int32_t token : index->tokens_of_page(f.page))
                         chosen.push_back(segment.first_row + token);
                 }
             }

@@ -57,9 +57,11 @@ struct DciQueryResult {
 /// to `out`.
 using KeyReader = std::function<void(std::span<const int32_t> tokens, float* out)>;
 
-/// Where an index restored in place keeps its keys: `rows` (count * head_dim floats, e.g. a
-/// FileArena region) that restoring writes once, by the index's own order of slots, and `read`,
-/// which copies rows [first, first + count) of them back for a query (empty: straight from
+/// Where an index restored in place keeps its keys, and everything else it knows per token: a
+/// row of head_dim + 2 floats per slot (the key, its projection, its token id's bits) in `rows`
+/// (count rows, e.g. a FileArena region), which restoring writes once, front to back, in the
+/// index's own order of slots (each point's children side by side, page after page), and
+/// `read`, which copies rows [first, first + count) back for a query (empty: straight from
 /// `rows`). A file read through `read` (pread) brings nothing into the process but the copy.
 struct KeyStorage {
     float* rows = nullptr;
@@ -90,25 +92,30 @@ class DciIndex {
     /// when the layout does not describe a valid index of these keys.
     void restore(const float* keys, int64_t count, const DciLayout& layout,
                  const std::string& source);
-    /// restore() that keeps its keys in `storage` instead of memory of its own: `read` gives
-    /// them a few thousand at a time (in token order, then in the storage's order, so that the
-    /// storage is written front to back), and they are written there in the index's own order,
-    /// the children of one parent side by side, so that a query scoring a point's children reads
-    /// one run of rows (on disk, one read of a few pages instead of one page per key). Memory
-    /// then holds per token a few numbers, not its key. Such an index takes no new tokens
-    /// (insert() throws).
+    /// restore() that keeps the keys, and every per-token number a query needs, in `storage`
+    /// instead of memory: `read` gives the keys a few thousand at a time (in token order, then
+    /// in slot order), and a query reads each expanded point's children in one run of rows.
+    /// Memory keeps the pages (a slot range each, ids unchanged), the points that own pages
+    /// (about 1.25% of the tokens) and nothing per token. Such an index answers query(),
+    /// tokens_of_page(), child_pages(), size(), levels() and the page counts; the per-token
+    /// accessors (level, parent, token_page, projection_of, key, page_tokens) are not for it,
+    /// and it takes no new tokens (insert() throws).
     void restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
                           const std::string& source, KeyStorage storage);
     /// Whether the index keeps its keys in storage given to restore_in_place.
     bool in_place() const { return key_storage_.rows != nullptr; }
 
     int64_t head_dim() const { return head_dim_; }
-    int64_t size() const { return static_cast<int64_t>(level_.size()); }
+    int64_t size() const { return in_place() ? token_count_ : static_cast<int64_t>(level_.size()); }
     int levels() const { return static_cast<int>(level_points_.size()); }
     /// Page ids are stable until the page is freed (ids of freed pages are reused).
-    int64_t page_capacity() const { return static_cast<int64_t>(pages_.size()); }
+    int64_t page_capacity() const {
+        return static_cast<int64_t>(in_place() ? page_first_slot_.size() : pages_.size());
+    }
     int64_t live_pages() const;
     std::span<const int32_t> page_tokens(int32_t page) const { return pages_[page].tokens; }
+    /// A page's tokens, in any index (read from the storage of one restored in place).
+    std::vector<int32_t> tokens_of_page(int32_t page) const;
     /// The owning point, -1 for the root, -2 for a free page.
     int32_t page_parent(int32_t page) const { return pages_[page].parent; }
     /// A point's pages (the root's for -1), in projection order.
@@ -136,6 +143,7 @@ class DciIndex {
     std::vector<int32_t>& pages_of(int32_t parent);
     const std::vector<int32_t>& pages_of(int32_t parent) const;
     int64_t pages_below(int32_t point) const;  ///< level-0 pages in its subtree (-1: the root)
+    int32_t owner_index(int32_t point) const;  ///< its row in owned_pages_, -1 if it owns none
     void reset();
     int next_level();
     void add_token(const float* key);
@@ -155,15 +163,22 @@ class DciIndex {
                       const std::string& source, bool keep_keys);
     /// The key of a token, wherever the index keeps it.
     void copy_key(int32_t token, float* out) const;
+    /// Rows [first, first + count) of an in-place index's storage (key, projection, token).
+    void read_slots(int64_t first, int64_t count, float* out) const;
 
     int64_t head_dim_;
     std::vector<float> direction_;  // u, unit length, d + 1 values
     DciOptions options_;
     double max_squared_norm_ = 0;
 
-    std::vector<float> keys_;    // empty when restored in place
-    KeyStorage key_storage_;     // the keys of an index restored in place, by slot
-    std::vector<int32_t> slot_;  // each token's row in key_storage_
+    std::vector<float> keys_;  // empty when restored in place
+    // An index restored in place keeps no per-token table: its storage has a row per slot,
+    // the owners their first slot, the pages (ids kept) their slot range.
+    KeyStorage key_storage_;
+    int64_t token_count_ = 0;
+    std::vector<int32_t> owner_first_slot_;                    // per owner
+    std::vector<std::pair<int32_t, int32_t>> owner_of_point_;  // (point, owner), by point
+    std::vector<int32_t> page_first_slot_, page_size_;         // per page id
     std::vector<float> squared_norm_;
     std::vector<float> projection_value_;
     std::vector<int8_t> level_;
