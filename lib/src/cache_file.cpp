@@ -378,6 +378,42 @@ class FileReader {
         return values;
     }
 
+    // A numeric dataset of the given shape (0: any extent), opened and checked, not read.
+    Handle numeric_dataset_checked(hid_t parent, const std::string& name, const std::string& what,
+                                   const std::vector<hsize_t>& shape,
+                                   std::vector<hsize_t>* dims_out = nullptr) const {
+        Handle dataset = open_dataset(parent, name, what);
+        const std::vector<hsize_t> dims = dataset_dims(dataset.get(), kv::quoted(what));
+        bool matches = dims.size() == shape.size();
+        for (std::size_t i = 0; matches && i < dims.size(); ++i)
+            matches = shape[i] == 0 || shape[i] == dims[i];
+        if (!matches)
+            fail(kv::quoted(what) + " has shape " + shape_text(dims) + ", expected " +
+                 shape_text(shape));
+        Handle type(H5Dget_type(dataset.get()), H5Tclose);
+        const H5T_class_t type_class = H5Tget_class(type.get());
+        if (type_class != H5T_INTEGER && type_class != H5T_FLOAT)
+            fail(kv::quoted(what) + " is not numeric");
+        if (dims_out) *dims_out = dims;
+        return dataset;
+    }
+
+    // Elements [from, from + count) of row (layer, head) of a checked 3-D numeric dataset, as T.
+    template <typename T>
+    void read_row(hid_t dataset, const std::string& what, hid_t memory_type, hsize_t layer,
+                  hsize_t head, hsize_t from, hsize_t count, std::vector<T>& out) const {
+        out.resize(static_cast<std::size_t>(count));
+        if (count == 0) return;
+        const hsize_t start[3] = {layer, head, from}, extent[3] = {1, 1, count};
+        Handle file_space(H5Dget_space(dataset), H5Sclose);
+        Handle memory_space(H5Screate_simple(3, extent, nullptr), H5Sclose);
+        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr) <
+                0 ||
+            H5Dread(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT,
+                    out.data()) < 0)
+            fail_hdf5("cannot read " + kv::quoted(what));
+    }
+
     // A numeric dataset of the given shape (0: any extent), read as T through `memory_type`.
     template <typename T>
     std::vector<T> numeric_dataset(hid_t parent, const std::string& name, const std::string& what,
@@ -1627,36 +1663,41 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
                                                   {layers, heads, segments}, H5T_NATIVE_DOUBLE);
     const auto page_counts = in.numeric_dataset<int32_t>(
         g, "page_counts", "index/page_counts", {layers, heads, segments}, H5T_NATIVE_INT32);
-    const auto levels = in.numeric_dataset<int8_t>(g, "levels", "index/levels",
-                                                   {layers, heads, tokens}, H5T_NATIVE_INT8);
-    const auto parents = in.numeric_dataset<int32_t>(g, "parents", "index/parents",
-                                                     {layers, heads, tokens}, H5T_NATIVE_INT32);
-    const auto page_tokens = in.numeric_dataset<int32_t>(g, "page_tokens", "index/page_tokens",
-                                                         {layers, heads, tokens}, H5T_NATIVE_INT32);
-    const auto page_sizes = in.numeric_dataset<int32_t>(
-        g, "page_sizes", "index/page_sizes", {layers, heads, 0}, H5T_NATIVE_INT32, &dims);
+    // Read one (layer, kv-head) row at a time straight into its layouts: memory never holds
+    // the datasets twice (a long packet's index is tens of bytes per token and plane).
+    const Handle levels =
+        in.numeric_dataset_checked(g, "levels", "index/levels", {layers, heads, tokens});
+    const Handle parents =
+        in.numeric_dataset_checked(g, "parents", "index/parents", {layers, heads, tokens});
+    const Handle page_tokens =
+        in.numeric_dataset_checked(g, "page_tokens", "index/page_tokens", {layers, heads, tokens});
+    const Handle page_sizes =
+        in.numeric_dataset_checked(g, "page_sizes", "index/page_sizes", {layers, heads, 0}, &dims);
     const std::size_t widest = dims[2];
+    std::vector<int32_t> plane_page_sizes;
     for (std::size_t plane = 0; plane < layers * heads; ++plane) {
+        const hsize_t layer = plane / heads, head = plane % heads;
+        in.read_row(page_sizes.get(), "index/page_sizes", H5T_NATIVE_INT32, layer, head, 0, widest,
+                    plane_page_sizes);
         std::size_t page = 0;
         for (std::size_t s = 0; s < segments; ++s) {
             const IndexSegment& segment = index.segments[s];
-            const std::size_t from = plane * tokens + static_cast<std::size_t>(segment.first);
-            const auto count = static_cast<std::size_t>(segment.count);
+            const auto from = static_cast<hsize_t>(segment.first);
+            const auto count = static_cast<hsize_t>(segment.count);
             DciLayout layout;
             layout.max_squared_norm = norms[plane * segments + s];
-            layout.levels.assign(levels.begin() + static_cast<std::ptrdiff_t>(from),
-                                 levels.begin() + static_cast<std::ptrdiff_t>(from + count));
-            layout.parents.assign(parents.begin() + static_cast<std::ptrdiff_t>(from),
-                                  parents.begin() + static_cast<std::ptrdiff_t>(from + count));
-            layout.page_tokens.assign(
-                page_tokens.begin() + static_cast<std::ptrdiff_t>(from),
-                page_tokens.begin() + static_cast<std::ptrdiff_t>(from + count));
+            in.read_row(levels.get(), "index/levels", H5T_NATIVE_INT8, layer, head, from, count,
+                        layout.levels);
+            in.read_row(parents.get(), "index/parents", H5T_NATIVE_INT32, layer, head, from, count,
+                        layout.parents);
+            in.read_row(page_tokens.get(), "index/page_tokens", H5T_NATIVE_INT32, layer, head, from,
+                        count, layout.page_tokens);
             const int32_t pages = page_counts[plane * segments + s];
             if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
                 in.fail("index: page_counts exceed page_sizes");
             int64_t held = 0;
             for (int32_t p = 0; p < pages; ++p, ++page) {
-                const int32_t size = page_sizes[plane * widest + page];
+                const int32_t size = plane_page_sizes[page];
                 if (size <= 0 || size > index.page_size) in.fail("index: a page size out of range");
                 held += size;
                 layout.page_sizes.push_back(size);
@@ -1795,31 +1836,32 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
             in.fail_hdf5("cannot read " + kv::quoted(name));
     };
     if (receive && !quantized) {
-        // One (layer, kv-head) plane at a time: the chunks [1, 1, T, D] are read in order and
-        // memory holds one plane, however long the packet.
-        const std::size_t plane_bytes = static_cast<std::size_t>(info.stored_length) *
-                                        static_cast<std::size_t>(m.head_dim) *
-                                        cache_dtype_size(m.dtype);
-        std::vector<std::byte> plane(plane_bytes);
+        // One (layer, kv-head) plane at a time, in pieces of at most 16,384 tokens: the chunks
+        // [1, 1, T, D] are read in order and memory holds one piece, however long the packet.
+        const auto row_bytes = static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype);
+        const hsize_t piece_tokens = std::min<hsize_t>(length, 16384);
+        std::vector<std::byte> piece(static_cast<std::size_t>(piece_tokens) * row_bytes);
         for (const bool keys : {true, false}) {
             const char* name = keys ? "keys" : "values";
             auto [dataset, memory_type] = open_tensor(g, name, length);
-            const hsize_t count[4] = {1, 1, length, static_cast<hsize_t>(m.head_dim)};
-            Handle memory_space(H5Screate_simple(4, count, nullptr), H5Sclose);
             Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
             for (int64_t layer = 0; layer < m.num_layers; ++layer)
-                for (int64_t head = 0; head < m.num_kv_heads; ++head) {
-                    if (plane_bytes > 0) {
+                for (int64_t head = 0; head < m.num_kv_heads; ++head)
+                    for (hsize_t first = 0; first < length; first += piece_tokens) {
+                        const hsize_t count[4] = {1, 1, std::min(piece_tokens, length - first),
+                                                  static_cast<hsize_t>(m.head_dim)};
                         const hsize_t start[4] = {static_cast<hsize_t>(layer),
-                                                  static_cast<hsize_t>(head), 0, 0};
+                                                  static_cast<hsize_t>(head), first, 0};
+                        Handle memory_space(H5Screate_simple(4, count, nullptr), H5Sclose);
                         if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr,
                                                 count, nullptr) < 0 ||
                             H5Dread(dataset.get(), memory_type, memory_space.get(),
-                                    file_space.get(), H5P_DEFAULT, plane.data()) < 0)
+                                    file_space.get(), H5P_DEFAULT, piece.data()) < 0)
                             in.fail_hdf5("cannot read " + kv::quoted(name));
+                        (*receive)(layer, head, keys, static_cast<int64_t>(first),
+                                   std::span<const std::byte>(piece).first(
+                                       static_cast<std::size_t>(count[2]) * row_bytes));
                     }
-                    (*receive)(layer, head, keys, plane);
-                }
         }
     }
     if (quantized && (with_tensors || receive)) {
@@ -1877,7 +1919,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
             for (int64_t layer = 0; layer < m.num_layers; ++layer)
                 for (int64_t head = 0; head < m.num_kv_heads; ++head)
                     (*receive)(
-                        layer, head, keys,
+                        layer, head, keys, 0,
                         std::span<const std::byte>(tensor).subspan(
                             static_cast<std::size_t>(layer * m.num_kv_heads + head) * plane_bytes,
                             plane_bytes));

@@ -85,14 +85,20 @@ inline std::pair<std::vector<std::byte>, std::vector<std::byte>> read_all_planes
     std::pair<std::vector<std::byte>, std::vector<std::byte>> planes;
     int64_t expected = 0;  // (layer, head) in order, keys first
     const int64_t per_tensor = reader.model().num_layers * reader.model().num_kv_heads;
-    reader.read_planes(id, [&](int64_t layer, int64_t head, bool keys,
-                               std::span<const std::byte> plane) {
+    const auto row_bytes =
+        static_cast<std::size_t>(reader.model().head_dim) * cache_dtype_size(reader.model().dtype);
+    const int64_t tokens = reader.packet_info(id).stored_length;
+    int64_t next_token = 0;  // pieces come in token order within a plane
+    reader.read_planes(id, [&](int64_t layer, int64_t head, bool keys, int64_t first,
+                               std::span<const std::byte> rows) {
         REQUIRE(layer * reader.model().num_kv_heads + head + (keys ? 0 : per_tensor) == expected);
-        ++expected;
+        REQUIRE(first == next_token);
+        next_token += static_cast<int64_t>(rows.size() / row_bytes);
+        if (next_token == tokens) next_token = 0, ++expected;
         auto& target = keys ? planes.first : planes.second;
-        target.insert(target.end(), plane.begin(), plane.end());
+        target.insert(target.end(), rows.begin(), rows.end());
     });
-    REQUIRE(expected == 2 * per_tensor);
+    REQUIRE(expected == (tokens > 0 ? 2 * per_tensor : 0));
     return planes;
 }
 

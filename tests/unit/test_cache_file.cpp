@@ -123,6 +123,25 @@ TEST_CASE("cache files round-trip every dtype with several packets", "[cache_fil
     CHECK_THROWS_WITH(reader.read("absent"), Catch::Contains("no packet 'absent'"));
 }
 
+TEST_CASE("a long packet is read plane by plane in pieces, the same bytes", "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model(kv::CacheDtype::bf16);
+    const kv::Packet packet = make_packet(model, "long", 16384 * 2 + 300, 7);
+    write_store(dir / "a.kvc", model, {packet});
+    const kv::CacheReader reader(dir / "a.kvc");
+    int64_t pieces = 0;
+    reader.read_planes("long",
+                       [&](int64_t, int64_t, bool, int64_t first, std::span<const std::byte> rows) {
+                           ++pieces;
+                           CHECK(first % 16384 == 0);
+                           CHECK(rows.size() <= std::size_t{16384} * 8 * 2);
+                       });
+    CHECK(pieces == 3 * 2 * 2 * 3);  // layers, heads, keys and values, three pieces each
+    const auto [keys, values] = kv::test::read_all_planes(reader, "long");
+    CHECK(keys == packet.keys);
+    CHECK(values == packet.values);
+}
+
 TEST_CASE("a cache file with no packets is valid", "[cache_file]") {
     kv::test::TempDir dir;
     write_store(dir / "empty.kvc", test_model(), {});

@@ -191,13 +191,15 @@ class CacheReader {
     Packet read(const std::string& id) const;
     /// read() without keys and values (both left empty): positions, token ids, the index.
     Packet read_without_tensors(const std::string& id) const;
-    /// Receives one (layer, kv-head) plane of keys or values, [stored_length, head_dim] in the
-    /// file's dtype; the bytes are valid during the call only.
-    using PlaneReceiver = std::function<void(int64_t layer, int64_t head, bool keys,
-                                             std::span<const std::byte> plane)>;
-    /// Hands the packet's keys (every plane in (layer, head) order), then its values, to
-    /// `receive`, reading one plane at a time: memory holds one plane however long the packet
-    /// (a quantised packet is dequantised whole first).
+    /// Receives a piece of one (layer, kv-head) plane of keys or values: its tokens [first,
+    /// first + rows), [rows, head_dim] in the file's dtype; the bytes are valid during the call
+    /// only.
+    using PlaneReceiver = std::function<void(int64_t layer, int64_t head, bool keys, int64_t first,
+                                             std::span<const std::byte> rows)>;
+    /// Hands the packet's keys (every plane in (layer, head) order, each in pieces in token
+    /// order), then its values, to `receive`, reading a piece of at most 16,384 tokens at a
+    /// time: memory holds one piece however long the packet (a quantised packet is dequantised
+    /// whole first, and handed out a plane at a time).
     void read_planes(const std::string& id, const PlaneReceiver& receive) const;
     /// Whether the packet carries an IceCache index (section 6.5), without reading it.
     bool has_index(const std::string& id) const;

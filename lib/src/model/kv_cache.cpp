@@ -94,16 +94,19 @@ int64_t KvCache::offloaded_bytes() const {
     return arena_ ? static_cast<int64_t>(arena_->size()) : 0;
 }
 
-void KvCache::write_plane(int64_t layer, int64_t head, bool keys, const torch::Tensor& plane) {
-    if (plane.size(0) != pending_)
-        throw Error("kv cache: write of " + std::to_string(plane.size(0)) + " tokens of a head, " +
-                    std::to_string(pending_) + " pending");
+void KvCache::write_plane(int64_t layer, int64_t head, bool keys, int64_t first,
+                          const torch::Tensor& rows) {
+    const int64_t count = rows.size(0);
+    if (first < 0 || first + count > pending_)
+        throw Error("kv cache: write of pending tokens [" + std::to_string(first) + ", " +
+                    std::to_string(first + count) + ") of a head, " + std::to_string(pending_) +
+                    " pending");
     (keys ? keys_ : values_)
         .at(static_cast<std::size_t>(layer))[head]
-        .narrow(0, length_, pending_)
-        .copy_(plane);
+        .narrow(0, length_ + first, count)
+        .copy_(rows);
     if (!valid_.empty())
-        valid_[static_cast<std::size_t>(layer)][head].narrow(0, length_, pending_).fill_(true);
+        valid_[static_cast<std::size_t>(layer)][head].narrow(0, length_ + first, count).fill_(true);
 }
 
 void KvCache::reserve(int64_t capacity) {

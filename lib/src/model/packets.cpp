@@ -122,17 +122,21 @@ void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet
     const torch::ScalarType rotate_in = stored == cache.dtype() ? stored : torch::kFloat32;
     cache.begin_append(positions);
     try {
-        reader.read_planes(packet.id, [&](int64_t layer, int64_t head, bool keys,
+        reader.read_planes(packet.id, [&](int64_t layer, int64_t head, bool keys, int64_t first,
                                           std::span<const std::byte> bytes) {
-            if (bytes.size() !=
-                static_cast<std::size_t>(tokens * head_dim) * cache_dtype_size(dtype))
-                throw FormatError("packet " + kv::quoted(packet.id) + ": a plane of " +
-                                  std::to_string(bytes.size()) + " bytes");
-            torch::Tensor plane =
-                torch::from_blob(const_cast<std::byte*>(bytes.data()), {1, tokens, head_dim},
+            const auto row_bytes = static_cast<std::size_t>(head_dim) * cache_dtype_size(dtype);
+            const auto rows = static_cast<int64_t>(bytes.size() / row_bytes);
+            if (bytes.size() % row_bytes != 0 || first < 0 || first + rows > tokens)
+                throw FormatError("packet " + kv::quoted(packet.id) + ": a piece of " +
+                                  std::to_string(bytes.size()) + " bytes at token " +
+                                  std::to_string(first));
+            torch::Tensor piece =
+                torch::from_blob(const_cast<std::byte*>(bytes.data()), {1, rows, head_dim},
                                  torch::TensorOptions().dtype(stored));
-            if (keys && delta != 0) plane = rope.shift(plane.to(rotate_in), delta);
-            cache.write_plane(layer, head, keys, plane[0].to(cache.dtype()));
+            // The shift is the same for every token: rotating a piece rotates its rows as the
+            // whole plane would.
+            if (keys && delta != 0) piece = rope.shift(piece.to(rotate_in), delta);
+            cache.write_plane(layer, head, keys, first, piece[0].to(cache.dtype()));
             cache.release_pages(layer);
         });
     } catch (...) {

@@ -6,6 +6,7 @@
 #include "kv/model/model.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/model/sparse.hpp"
+#include "kv/rope.hpp"
 #include "random_model.hpp"
 
 #include <catch2/catch.hpp>
@@ -273,5 +274,47 @@ TEST_CASE("a bf16 cache on disk streams and stages its rows as one in memory att
         CHECK(torch::equal(
             attention_over_staged_rows(queries, disk, layer, some, 0.3),
             attention_over_rows(queries, memory.keys(layer), memory.values(layer), some, 0.3)));
+    }
+}
+
+TEST_CASE("a long packet goes to disk in pieces, realigned, as append_packet puts it in memory",
+          "[offload]") {
+    torch::NoGradGuard no_grad;
+    test::TempDir dir;
+    CacheModelInfo info = test::test_model(CacheDtype::bf16);
+    info.rope_scaling = rope_scaling_to_json({RopeScalingType::llama3, 8.0, 1.0, 4.0, 64});
+    const RopeSettings settings = rope_settings(info);
+    const Rope rope(settings.layout, settings.inverse_frequencies);
+    // Plain values: make_packet's bf16 bytes are arbitrary bit patterns.
+    auto plain = [](Packet packet) {
+        for (auto* tensor : {&packet.keys, &packet.values}) {
+            const auto count = static_cast<int64_t>(tensor->size() / 2);
+            const torch::Tensor values =
+                torch::randn({count}, torch::TensorOptions().dtype(torch::kFloat32))
+                    .to(torch::kBFloat16);
+            const auto* bytes = static_cast<const std::byte*>(values.data_ptr());
+            *tensor = std::vector<std::byte>(bytes, bytes + values.nbytes());
+        }
+        return packet;
+    };
+    torch::manual_seed(9);
+    const std::vector<Packet> packets = {plain(test::make_packet(info, "short", 37, 1)),
+                                         plain(test::make_packet(info, "long", 16384 + 100, 2))};
+    test::write_store(dir.path() / "a.kvc", info, packets);
+    const CacheReader reader(dir.path() / "a.kvc");
+    KvCache memory(info.num_layers, info.num_kv_heads, info.head_dim, torch::kBFloat16,
+                   torch::kCPU);
+    KvCache disk = KvCache::on_disk(info.num_layers, info.num_kv_heads, info.head_dim,
+                                    torch::kBFloat16, 16384 + 137, dir.path());
+    for (const PacketInfo& packet : reader.packets()) {
+        append_packet(rope, memory, reader.read(packet.id), CacheDtype::bf16);
+        append_packet_planes(rope, disk, reader.read_without_tensors(packet.id), reader,
+                             CacheDtype::bf16);
+    }
+    REQUIRE(disk.length() == 16384 + 137);
+    CHECK(torch::equal(disk.positions(), memory.positions()));
+    for (int64_t layer = 0; layer < info.num_layers; ++layer) {
+        CHECK(torch::equal(disk.keys(layer), memory.keys(layer)));
+        CHECK(torch::equal(disk.values(layer), memory.values(layer)));
     }
 }

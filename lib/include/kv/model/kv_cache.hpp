@@ -68,9 +68,11 @@ class KvCache {
     /// head_dim]): a layer computed in parts, as a document prefilled layer by layer is.
     void write_part(int64_t layer, int64_t first, const torch::Tensor& keys,
                     const torch::Tensor& values);
-    /// Stores the keys (or values) [T, head_dim] of all pending tokens of one kv head of layer
-    /// `layer`: a cache filled one (layer, head) plane at a time, as an offloaded one is.
-    void write_plane(int64_t layer, int64_t head, bool keys, const torch::Tensor& plane);
+    /// Stores the keys (or values) [T, head_dim] of pending tokens [first, first + T) of one kv
+    /// head of layer `layer`: a cache filled a (layer, head) plane at a time, as an offloaded
+    /// one is.
+    void write_plane(int64_t layer, int64_t head, bool keys, int64_t first,
+                     const torch::Tensor& rows);
     void commit();
     /// Drops pending tokens (after an error mid-forward).
     void rollback();
