@@ -90,9 +90,11 @@ class SparseAttention {
     /// Builds or restores the indexes of every sparse layer for the rows the cache holds now
     /// (IceCache; others need nothing), so that this one-time work happens before decoding
     /// instead of inside its first step. select() does the same lazily when not called.
-    /// For a cache offloaded to disk (KvCache::on_disk) the stored indexes keep their keys in a
-    /// file too (DciIndex::restore_in_place), and what restoring and each later query read of
-    /// them is dropped from memory again: memory holds the indexes' per-token numbers, not keys.
+    /// For a cache offloaded to disk (KvCache::on_disk) the stored indexes keep their keys and
+    /// per-token numbers in a file too (DciIndex::restore_in_place), restoring reads the cache
+    /// with pread, and queries read the file the same way: memory holds of an index its pages
+    /// and the points that own them, nothing per token. Decoded tokens still join live indexes
+    /// in memory.
     void prepare(const KvCache& cache);
     /// prepare() for one layer whose keys [Hkv, S, D] are final, while later layers are still
     /// being computed (a document prefilled layer by layer). Calls for different layers must not
