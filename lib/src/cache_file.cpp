@@ -419,18 +419,8 @@ class FileReader {
     std::vector<T> numeric_dataset(hid_t parent, const std::string& name, const std::string& what,
                                    const std::vector<hsize_t>& shape, hid_t memory_type,
                                    std::vector<hsize_t>* dims_out = nullptr) const {
-        Handle dataset = open_dataset(parent, name, what);
-        const std::vector<hsize_t> dims = dataset_dims(dataset.get(), kv::quoted(what));
-        bool matches = dims.size() == shape.size();
-        for (std::size_t i = 0; matches && i < dims.size(); ++i)
-            matches = shape[i] == 0 || shape[i] == dims[i];
-        if (!matches)
-            fail(kv::quoted(what) + " has shape " + shape_text(dims) + ", expected " +
-                 shape_text(shape));
-        Handle type(H5Dget_type(dataset.get()), H5Tclose);
-        const H5T_class_t type_class = H5Tget_class(type.get());
-        if (type_class != H5T_INTEGER && type_class != H5T_FLOAT)
-            fail(kv::quoted(what) + " is not numeric");
+        std::vector<hsize_t> dims;
+        Handle dataset = numeric_dataset_checked(parent, name, what, shape, &dims);
         std::size_t count = 1;
         for (hsize_t dim : dims)
             count *= static_cast<std::size_t>(dim);

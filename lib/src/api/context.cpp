@@ -69,12 +69,13 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             assembled.packets.push_back({packet.id, cache.length(), packet.stored_length(),
                                          cache.next_position(), packet.header_tokens,
                                          packet.trailer_tokens});
-            read_start = Clock::now();
-            if (by_plane)
+            if (by_plane) {  // reading the tensors is part of appending them
+                read_start = Clock::now();
                 append_packet_planes(model.rope(), cache, packet, reader, reader.model().dtype);
-            else
+                assembled.read_seconds += since(read_start);
+            } else {
                 append_packet(model.rope(), cache, packet, reader.model().dtype);
-            if (by_plane) assembled.read_seconds += since(read_start);
+            }
             assembled.tokens.insert(assembled.tokens.end(), packet.token_ids.begin(),
                                     packet.token_ids.end());
         }

@@ -91,12 +91,12 @@ ServeStats serve_once(const ServeOptions& options,
             throw UnsupportedError("--offload disk decodes on the CPU only so far (device " +
                                    model.device().str() + ")");
     }
+    const std::vector<int32_t> prompt_ids = tokenizer.encode(options.prompt);
     // An offloaded cache is made once for everything it will hold: the packets, BOS, the prompt
     // and the tokens to generate.
     auto planned_tokens = [&] {
         // (assemble_packets asks for 64 tokens to spare after each packet.)
-        int64_t tokens = 2 + 64 + options.max_new_tokens +
-                         static_cast<int64_t>(tokenizer.encode(options.prompt).size());
+        int64_t tokens = 2 + 64 + options.max_new_tokens + static_cast<int64_t>(prompt_ids.size());
         for (const std::string& spec : options.caches) {
             const CacheSelection selection = parse_cache_selection(spec);
             const CacheReader reader(selection.file);
@@ -202,8 +202,7 @@ ServeStats serve_once(const ServeOptions& options,
 
     std::vector<int32_t> prompt;
     if (cache.length() == 0 && has_bos) prompt.push_back(tokenizer.bos_id());
-    for (int32_t id : tokenizer.encode(options.prompt))
-        prompt.push_back(id);
+    prompt.insert(prompt.end(), prompt_ids.begin(), prompt_ids.end());
     if (prompt.empty() && options.document.empty())
         throw UsageError("the prompt is empty and the tokenizer has no BOS token to start from");
     stats.prompt_tokens = static_cast<int64_t>(prompt.size());

@@ -595,7 +595,6 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
     // Only the pages, the owners and the levels' count stay in memory: per token, nothing.
     const std::size_t level_count = level_points_.size();
     std::vector<std::vector<int32_t>>(level_count).swap(level_points_);
-    std::vector<float>().swap(parent_distance_);
     std::vector<float>().swap(squared_norm_);
     std::vector<float>().swap(projection_value_);
     std::vector<int8_t>().swap(level_);
@@ -656,76 +655,53 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
     }
     level_points_.assign(static_cast<std::size_t>(top) + 1, {});
     promoted_.assign(static_cast<std::size_t>(top) + 2, 0);
-    // Keys come in chunks; parents (levels >= 1, about 1.25% of the tokens) are kept aside for
-    // the distances when the index keeps no keys.
+    // The keys are read once, in chunks: the norm bound is the layout's, so projections need
+    // no second pass.
+    max_squared_norm_ = layout.max_squared_norm;
+    projection_value_.resize(n);
     constexpr int64_t chunk = 4096;
     std::vector<float> buffer;
     std::vector<int32_t> tokens;
-    std::vector<float> upper_keys;
-    std::vector<int32_t> upper_row(keep_keys ? 0 : n, -1);
-    auto chunk_keys = [&](int64_t first, int64_t rows) -> const float* {
-        if (keep_keys && static_cast<int64_t>(keys_.size()) >= (first + rows) * head_dim_)
-            return keys_.data() + first * head_dim_;
+    for (int64_t first = 0; first < count; first += chunk) {
+        const int64_t rows = std::min(chunk, count - first);
         buffer.resize(static_cast<std::size_t>(rows) * dim);
         tokens.resize(static_cast<std::size_t>(rows));
         std::iota(tokens.begin(), tokens.end(), static_cast<int32_t>(first));
         read(tokens, buffer.data());
-        return buffer.data();
-    };
-    // Every key once, chunk by chunk, with its token.
-    auto for_each_key = [&](const auto& visit) {
-        for (int64_t first = 0; first < count; first += chunk) {
-            const int64_t rows = std::min(chunk, count - first);
-            const float* keys = chunk_keys(first, rows);
-            for (int64_t i = 0; i < rows; ++i)
-                visit(static_cast<std::size_t>(first + i), keys + i * head_dim_);
+        for (int64_t i = 0; i < rows; ++i) {
+            const std::size_t token = static_cast<std::size_t>(first + i);
+            const float* key = buffer.data() + i * head_dim_;
+            if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
+            squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
+            projection_value_[token] = project(key, squared_norm_.back());
+            const int level = layout.levels[token];
+            level_.push_back(static_cast<int8_t>(level));
+            level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
+            for (int up = 0; up <= level; ++up)
+                ++promoted_[static_cast<std::size_t>(up)];
         }
-    };
-    for_each_key([&](std::size_t token, const float* key) {
-        if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
-        squared_norm_.push_back(static_cast<float>(dot(key, key, head_dim_)));
-        const int level = layout.levels[token];
-        level_.push_back(static_cast<int8_t>(level));
-        level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
-        for (int up = 0; up <= level; ++up)
-            ++promoted_[static_cast<std::size_t>(up)];
-        if (!keep_keys && level > 0) {
-            upper_row[token] = static_cast<int32_t>(upper_keys.size() / dim);
-            upper_keys.insert(upper_keys.end(), key, key + head_dim_);
-        }
-    });
+    }
     for (int level = 0; level < top; ++level)
         if (level_points_[static_cast<std::size_t>(level) + 1].empty()) fail("an empty level");
-    max_squared_norm_ = layout.max_squared_norm;
     for (float squared : squared_norm_)
         if (squared > max_squared_norm_) fail("a key is longer than max_squared_norm allows");
     parent_ = layout.parents;
-    parent_distance_.assign(n, 0);
     token_page_.assign(n, -1);
-    projection_value_.resize(n);
     owner_.assign(n, -1);
-    for_each_key([&](std::size_t token, const float* key) {
-        projection_value_[token] = project(key, squared_norm_[token]);
+    // Distances to parents serve insertion only, which an index without its keys refuses.
+    if (keep_keys) parent_distance_.assign(n, 0);
+    for (std::size_t token = 0; token < n; ++token) {
         const int32_t parent = parent_[token];
         if (level_[token] == top) {
             if (parent != -1) fail("a top-level token has a parent");
         } else if (parent < 0 || static_cast<std::size_t>(parent) >= n ||
                    level_[static_cast<std::size_t>(parent)] != level_[token] + 1) {
             fail("token " + std::to_string(token) + " has no parent one level up");
-        } else {
-            const float* parent_key =
-                keep_keys
-                    ? this->key(parent)
-                    : upper_keys.data() +
-                          static_cast<std::size_t>(upper_row[static_cast<std::size_t>(parent)]) *
-                              dim;
-            const double tails = std::sqrt(
-                std::max(0.0, max_squared_norm_ - squared_norm_[token]) *
-                std::max(0.0, max_squared_norm_ - squared_norm_[static_cast<std::size_t>(parent)]));
+        } else if (keep_keys) {
             parent_distance_[token] =
-                static_cast<float>(max_squared_norm_ - dot(key, parent_key, head_dim_) - tails);
+                static_cast<float>(lifted_distance(static_cast<int64_t>(token), parent));
         }
-    });
+    }
     std::size_t next = 0;
     for (int32_t size : layout.page_sizes) {
         if (size <= 0 || size > options_.page_size || next + static_cast<std::size_t>(size) > n)

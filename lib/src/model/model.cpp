@@ -285,23 +285,22 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
                                   cache.positions());
             AttentionMask mask{positions_here, cache.positions(), config_.sliding_window, allow,
                                cache.key_valid(index)};
+            // One decoding token: attending to the rows a sparse method chose, or, in a dense
+            // layer of a cache on disk, to every row read in chunks, never resident as a whole.
+            const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
             std::vector<std::vector<int64_t>> rows;
+            torch::Tensor attended;
             if (sparse && x.size(0) == 1 && !allow.defined() &&
-                sparse->select(index, projected.queries, cache.keys(index), rows)) {
-                const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
-                const torch::Tensor attended =
+                sparse->select(index, projected.queries, cache.keys(index), rows))
+                attended =
                     cache.offloaded()
                         ? attention_over_staged_rows(projected.queries, cache, index, rows, scale)
                         : attention_over_rows(projected.queries, cache.keys(index),
                                               cache.values(index), rows, scale);
-                x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
-                                   layer.o_proj);
-            } else if (cache.offloaded() && x.size(0) == 1 && !allow.defined() &&
-                       config_.sliding_window == 0 && !cache.has_padding()) {
-                // A dense layer of a cache on disk: read in chunks, never resident as a whole.
-                const torch::Tensor attended =
-                    attention_streamed(projected.queries, cache, index,
-                                       1.0 / std::sqrt(static_cast<double>(config_.head_dim)));
+            else if (cache.offloaded() && x.size(0) == 1 && !allow.defined() &&
+                     config_.sliding_window == 0 && !cache.has_padding())
+                attended = attention_streamed(projected.queries, cache, index, scale);
+            if (attended.defined()) {
                 x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
                                    layer.o_proj);
             } else {

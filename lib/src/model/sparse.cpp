@@ -12,7 +12,6 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <mutex>
 #include <numeric>
 #include <span>
 #include <utility>
