@@ -1618,8 +1618,14 @@ Quantization read_quantization(const FileReader& in, hid_t group) {
     return quantization;
 }
 
+// Which of an index's per-token layouts read_index reads.
+struct LayoutChoice {
+    enum class Which { all, none, one } which = Which::all;
+    std::size_t plane = 0, segment = 0;  ///< for `one`
+};
+
 PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheModelInfo& m,
-                       int64_t stored) {
+                       int64_t stored, LayoutChoice choice = {}) {
     PacketIndex index;
     if (H5Lexists(packet_group, "index", H5P_DEFAULT) <= 0) return index;
     Handle group = in.open_group(packet_group, "index", "index");
@@ -1664,8 +1670,14 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
     const Handle page_sizes =
         in.numeric_dataset_checked(g, "page_sizes", "index/page_sizes", {layers, heads, 0}, &dims);
     const std::size_t widest = dims[2];
+    if (choice.which == LayoutChoice::Which::none) return index;
+    if (choice.which == LayoutChoice::Which::one &&
+        (choice.plane >= layers * heads || choice.segment >= segments))
+        in.fail("index: no layout for plane " + std::to_string(choice.plane) + ", segment " +
+                std::to_string(choice.segment));
     std::vector<int32_t> plane_page_sizes;
     for (std::size_t plane = 0; plane < layers * heads; ++plane) {
+        if (choice.which == LayoutChoice::Which::one && plane != choice.plane) continue;
         const hsize_t layer = plane / heads, head = plane % heads;
         in.read_row(page_sizes.get(), "index/page_sizes", H5T_NATIVE_INT32, layer, head, 0, widest,
                     plane_page_sizes);
@@ -1674,6 +1686,13 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
             const IndexSegment& segment = index.segments[s];
             const auto from = static_cast<hsize_t>(segment.first);
             const auto count = static_cast<hsize_t>(segment.count);
+            if (choice.which == LayoutChoice::Which::one && s != choice.segment) {
+                const int32_t pages = page_counts[plane * segments + s];
+                if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
+                    in.fail("index: page_counts exceed page_sizes");
+                page += static_cast<std::size_t>(pages);
+                continue;
+            }
             DciLayout layout;
             layout.max_squared_norm = norms[plane * segments + s];
             in.read_row(levels.get(), "index/levels", H5T_NATIVE_INT8, layer, head, from, count,
@@ -1709,12 +1728,37 @@ Packet CacheReader::read_without_tensors(const std::string& id) const {
     return read_packet(id, false, nullptr);
 }
 
+Packet CacheReader::read_without_tensors_or_layouts(const std::string& id) const {
+    return read_packet(id, false, nullptr, false);
+}
+
+DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, int64_t head,
+                                         int64_t segment) const {
+    const State& s = *state_;
+    const PacketInfo& info = packet_info(id);
+    const CacheModelInfo& m = s.model;
+    if (layer < 0 || layer >= m.num_layers || head < 0 || head >= m.num_kv_heads || segment < 0)
+        throw UsageError("no index layout for layer " + std::to_string(layer) + ", kv-head " +
+                         std::to_string(head) + ", segment " + std::to_string(segment) + " in " +
+                         s.source);
+    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id));
+    const Lock lock = lock_hdf5();
+    Handle group = in.open_group(s.file.get(), path, path);
+    PacketIndex index = read_index(
+        in, group.get(), m, info.stored_length,
+        {LayoutChoice::Which::one, static_cast<std::size_t>(layer * m.num_kv_heads + head),
+         static_cast<std::size_t>(segment)});
+    if (index.layouts.size() != 1) in.fail("has no index");
+    return std::move(index.layouts.front());
+}
+
 void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receive) const {
     read_packet(id, false, &receive);
 }
 
 Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
-                                const PlaneReceiver* receive) const {
+                                const PlaneReceiver* receive, bool with_layouts) const {
     const State& s = *state_;
     const PacketInfo& info = packet_info(id);
     const std::size_t ordinal = s.by_id.at(id);
@@ -1933,7 +1977,9 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
         const std::string problem = ragged_problem(packet, m.num_layers, m.num_kv_heads);
         if (!problem.empty()) in.fail(problem);
     }
-    packet.index = read_index(in, g, m, info.stored_length);
+    packet.index =
+        read_index(in, g, m, info.stored_length,
+                   {with_layouts ? LayoutChoice::Which::all : LayoutChoice::Which::none});
     if (packet.padded() && !packet.index.empty())
         in.fail("has an index over heads of unequal lengths, which is not defined");
     return packet;

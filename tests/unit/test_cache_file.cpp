@@ -1,6 +1,7 @@
 #include "cache_fixtures.hpp"
 #include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/index/dci.hpp"
 #include "test_support.hpp"
 
 #include <catch2/catch.hpp>
@@ -121,6 +122,58 @@ TEST_CASE("cache files round-trip every dtype with several packets", "[cache_fil
     CHECK(reader.packet_info("one").logical_length == 10);
     CHECK_THROWS_AS(reader.packet_info("absent"), kv::Error);
     CHECK_THROWS_WITH(reader.read("absent"), Catch::Contains("no packet 'absent'"));
+}
+
+TEST_CASE("index layouts left in the file are read one at a time as read() reads them",
+          "[cache_file]") {
+    // kvserve-once --offload disk restores one (layer, kv-head, segment) index at a time and
+    // reads only its layout then. Two segments, as kvpack leaves them.
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    kv::Packet packet = make_packet(model, "indexed", 300, 3);
+    kv::PacketIndex& index = packet.index;
+    index.projection = kv::dci_projection(model.head_dim, 1);
+    index.segments = {{0, 120, 0}, {120, 180, 120}};
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    for (int64_t plane = 0; plane < model.num_layers * model.num_kv_heads; ++plane)
+        for (const kv::IndexSegment& segment : index.segments) {
+            std::vector<float> keys(static_cast<std::size_t>(segment.count * model.head_dim));
+            for (float& x : keys)
+                x = normal(rng);
+            kv::DciIndex built(model.head_dim, index.projection);
+            built.build(keys.data(), segment.count);
+            index.layouts.push_back(built.layout());
+        }
+    write_store(dir / "a.kvc", model, {packet});
+    const kv::CacheReader reader(dir / "a.kvc");
+    const kv::Packet whole = reader.read("indexed");
+    const kv::Packet bare = reader.read_without_tensors_or_layouts("indexed");
+    CHECK(bare.keys.empty());
+    CHECK(bare.index.layouts.empty());
+    CHECK(bare.index.projection == whole.index.projection);
+    REQUIRE(bare.index.segments.size() == 2);
+    CHECK(bare.index.segments[1].delta == 120);
+    CHECK(bare.positions == whole.positions);
+    for (int64_t layer = 0; layer < model.num_layers; ++layer)
+        for (int64_t head = 0; head < model.num_kv_heads; ++head)
+            for (int64_t segment = 0; segment < 2; ++segment) {
+                const kv::DciLayout read =
+                    reader.read_index_layout("indexed", layer, head, segment);
+                const kv::DciLayout& expected =
+                    whole.index.layout(layer, head, model.num_kv_heads, segment);
+                CHECK(read.max_squared_norm == expected.max_squared_norm);
+                CHECK(read.levels == expected.levels);
+                CHECK(read.parents == expected.parents);
+                CHECK(read.page_sizes == expected.page_sizes);
+                CHECK(read.page_tokens == expected.page_tokens);
+                CHECK_FALSE(read.levels.empty());
+            }
+    CHECK_THROWS_WITH(reader.read_index_layout("indexed", 0, 0, 2),
+                      Catch::Contains("no layout for plane 0, segment 2"));
+    CHECK_THROWS_AS(reader.read_index_layout("indexed", 3, 0, 0), kv::UsageError);
+    CHECK_THROWS_WITH(reader.read_index_layout("absent", 0, 0, 0),
+                      Catch::Contains("no packet 'absent'"));
 }
 
 TEST_CASE("a long packet is read plane by plane in pieces, the same bytes", "[cache_file]") {

@@ -191,6 +191,13 @@ class CacheReader {
     Packet read(const std::string& id) const;
     /// read() without keys and values (both left empty): positions, token ids, the index.
     Packet read_without_tensors(const std::string& id) const;
+    /// read_without_tensors() whose index keeps its segments, projection and settings but
+    /// leaves the per-token layouts in the file, for read_index_layout (a long packet's layouts
+    /// are 9 bytes per token and plane).
+    Packet read_without_tensors_or_layouts(const std::string& id) const;
+    /// One (layer, kv-head, segment) layout of the packet's index, checked as read() checks it.
+    DciLayout read_index_layout(const std::string& id, int64_t layer, int64_t head,
+                                int64_t segment) const;
     /// Receives a piece of one (layer, kv-head) plane of keys or values: its tokens [first,
     /// first + rows), [rows, head_dim] in the file's dtype; the bytes are valid during the call
     /// only.
@@ -215,8 +222,8 @@ class CacheReader {
 
   private:
     bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset
-    Packet read_packet(const std::string& id, bool with_tensors,
-                       const PlaneReceiver* receive) const;
+    Packet read_packet(const std::string& id, bool with_tensors, const PlaneReceiver* receive,
+                       bool with_layouts = true) const;
 
     struct State;
     std::unique_ptr<State> state_;

@@ -5,6 +5,7 @@
 #include "kv/pack.hpp"
 
 #include <chrono>
+#include <memory>
 #include <optional>
 
 namespace kv {
@@ -24,7 +25,9 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
     for (const std::string& spec : caches) {
         const CacheSelection selection = parse_cache_selection(spec);
         auto read_start = Clock::now();
-        const CacheReader reader(selection.file);
+        // Shared with the indexes of offloaded packets, which read their layouts later.
+        const auto shared_reader = std::make_shared<const CacheReader>(selection.file);
+        const CacheReader& reader = *shared_reader;
         assembled.read_seconds += since(read_start);
         CacheModelInfo expected = model_info;
         expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
@@ -36,7 +39,15 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             // An offloaded cache takes the keys and values plane by plane from the file, so
             // that memory never holds a whole packet.
             const bool by_plane = cache.offloaded();
-            Packet packet = by_plane ? reader.read_without_tensors(info.id) : reader.read(info.id);
+            Packet packet =
+                by_plane ? reader.read_without_tensors_or_layouts(info.id) : reader.read(info.id);
+            if (by_plane && !packet.index.empty())
+                // Each plane's layout is read when its index is restored, then dropped: memory
+                // never holds every plane's (9 bytes per token and plane).
+                packet.index.read_layout = [shared_reader, id = info.id](
+                                               int64_t layer, int64_t head, int64_t segment) {
+                    return shared_reader->read_index_layout(id, layer, head, segment);
+                };
             assembled.read_seconds += since(read_start);
             assembled.bytes_read +=
                 by_plane ? 2 * packet.stored_length() * model_info.num_layers *

@@ -202,12 +202,9 @@ void SparseAttention::index_rows(int64_t layer, const torch::Tensor& keys,
                                 delta = stored->delta, stored_index = stored->stored,
                                 segment = stored->stored_segment, layer, kv_heads,
                                 arena = s.index_arena.get(), cache = s.offloaded_cache] {
-                    DciLayout& layout = stored_index->layout(layer, head, kv_heads, segment);
                     // Each layout is restored once: its memory goes when its index exists.
-                    struct Forget {
-                        DciLayout& layout;
-                        ~Forget() { layout = DciLayout{}; }
-                    } forget{layout};
+                    const DciLayout layout =
+                        stored_index->take_layout(layer, head, kv_heads, segment);
                     const std::string source =
                         "the index of cache rows " + std::to_string(first) + "+";
                     if (!arena) {

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kv {
@@ -34,9 +36,19 @@ struct PacketIndex {
     std::vector<float> projection;  ///< [head_dim + 1], unit length
     std::vector<IndexSegment> segments;
     /// [layer][kv-head][segment], flattened: (layer * kv_heads + head) * segments + segment.
+    /// Empty when the layouts were left in the file (read_layout reads them one at a time).
     std::vector<DciLayout> layouts;
+    /// Reads the layout of (layer, kv-head, segment) from the file the index came from
+    /// (CacheReader::read_index_layout); set instead of `layouts` where a packet's index is
+    /// restored one plane at a time, so memory never holds every plane's layout at once.
+    std::function<DciLayout(int64_t layer, int64_t head, int64_t segment)> read_layout;
 
     bool empty() const { return segments.empty(); }
+    /// The layout, moved out of `layouts` (each is restored once) or read by read_layout.
+    DciLayout take_layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) {
+        if (layouts.empty() && read_layout) return read_layout(layer, head, segment);
+        return std::exchange(layout(layer, head, kv_heads, segment), DciLayout{});
+    }
     const DciLayout& layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) const {
         return layouts[static_cast<std::size_t>(
             (layer * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment)];
