@@ -301,7 +301,8 @@ CONTEXT_WEIGHT = 0.05
 
 
 TRAINING_KINDS = {"passkey": 2, "multikey": 2, "bios": 3, "twohop": 3, "niah": 2, "mixed": 3,
-                  "repeat": 3, "copy": 0, "recall": 0}
+                  "repeat": 3, "copy": 0, "recall": 0, "quiz": 0,
+                  "bioquiz": 0}
 
 
 def training_sample(rng, counter, tokens, kinds=None):
@@ -314,6 +315,10 @@ def training_sample(rng, counter, tokens, kinds=None):
         return copy_sample(rng, counter, tokens)
     if kind == "recall":
         return recall_sample(rng, counter, tokens)
+    if kind == "quiz":
+        return quiz_sample(rng, counter, tokens)
+    if kind == "bioquiz":
+        return quiz_sample(rng, counter, tokens, biography_share=1.0, most_per_biography=4)
     if kind == "passkey":
         task = make_passkey(rng, counter, tokens, rng.random())
     elif kind == "multikey":
@@ -412,6 +417,47 @@ def recall_sample(rng, counter, tokens):
     return {"kind": "recall", "segments": segments}
 
 
+def quiz_sample(rng, counter, tokens, biography_share=0.5, most_per_biography=2):
+    """Documents holding biographies and magic numbers, then many questions about them, every
+    answer a target. The single-question tasks give one answer of a few tokens per sequence of
+    thousands; here a sequence gives a dozen, at every distance, and each question must be told
+    apart from the others by the full name (the first names repeat, the sentence frames are the
+    same in every document), which is where the model trained without it failed: a biography
+    answer taken from another person, a 7-digit number copied with a wrong digit. `bioquiz`
+    asks about biographies only, up to four questions each: years (all "19..") and jobs (after
+    " a", the commonest token of the filler) were still taken from other people after `quiz`."""
+    people = name_pool(rng, rng.randint(4, 24))
+    questions = []  # (question, answer)
+    documents = []  # the fact sentences of each document
+    for name in people:
+        if rng.random() < biography_share:
+            facts = bio_facts(rng, name)
+            documents.append([facts[k][0] for k in ("year", "city", "job", "colour")])
+            for attribute in rng.sample(sorted(facts), rng.randint(1, most_per_biography)):
+                _, question_text, prefix, answer = facts[attribute]
+                questions.append((f"Question: {question_text} Answer: {prefix}", answer))
+        else:
+            value = digits(rng, 7)
+            documents.append([needle_sentence(name, value)])
+            questions.append((f"Question: What is the special magic number for {name}? Answer: "
+                              f"The special magic number for {name} is", value))
+    rng.shuffle(questions)
+    questions = questions[:rng.randint(4, 12)]
+    asked = "".join(f"{q} {a}.\n" for q, a in questions)
+    budgets = split_budget(max(len(documents) * 8, tokens - counter.count(asked) - 1),
+                           len(documents))
+    segments = []
+    for sentences, budget in zip(documents, budgets):
+        start = rng.random() * 0.5
+        text = fill_line(rng, counter, sentences, budget, filler_sentence,
+                         [start + 0.1 * i for i in range(len(sentences))])
+        segments.append([text, CONTEXT_WEIGHT])
+    for question, answer in questions:
+        segments.append([question, CONTEXT_WEIGHT])
+        segments.append([f" {answer}.\n", 1.0])
+    return {"kind": "quiz", "segments": segments}
+
+
 def mixed_sample(rng, counter, tokens):
     """Facts of every kind among filler, with questions asked along the way: many answers per
     sequence, at every distance from their fact."""
@@ -501,7 +547,8 @@ def main():
     for name in ("bios", "twohop", "niah"):
         generators[name].add_argument("--documents", type=int, default=8)
     generators["train"].add_argument(
-        "--kinds", help="comma-separated kinds of sequence (default: the task mixture; also copy)")
+        "--kinds", help="comma-separated kinds of sequence (default: the task mixture; also copy, "
+        "quiz, bioquiz)")
     p = sub.add_parser("score", help="exact match and micro-F1 of predictions")
     p.add_argument("predictions", help='JSONL with "prediction" and "answer" (or --gold)')
     p.add_argument("--gold", help="task JSONL whose answers match the predictions by id")
