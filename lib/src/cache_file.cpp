@@ -1686,11 +1686,11 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
             const IndexSegment& segment = index.segments[s];
             const auto from = static_cast<hsize_t>(segment.first);
             const auto count = static_cast<hsize_t>(segment.count);
+            const int32_t pages = page_counts[plane * segments + s];
+            if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
+                in.fail("index: page_counts exceed page_sizes");
             if (choice.which == LayoutChoice::Which::one && s != choice.segment) {
-                const int32_t pages = page_counts[plane * segments + s];
-                if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
-                    in.fail("index: page_counts exceed page_sizes");
-                page += static_cast<std::size_t>(pages);
+                page += static_cast<std::size_t>(pages);  // an earlier segment's pages
                 continue;
             }
             DciLayout layout;
@@ -1701,9 +1701,6 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
                         layout.parents);
             in.read_row(page_tokens.get(), "index/page_tokens", H5T_NATIVE_INT32, layer, head, from,
                         count, layout.page_tokens);
-            const int32_t pages = page_counts[plane * segments + s];
-            if (pages < 0 || page + static_cast<std::size_t>(pages) > widest)
-                in.fail("index: page_counts exceed page_sizes");
             int64_t held = 0;
             for (int32_t p = 0; p < pages; ++p, ++page) {
                 const int32_t size = plane_page_sizes[page];
