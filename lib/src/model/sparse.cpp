@@ -81,6 +81,82 @@ std::vector<int64_t> best_indices(const std::vector<float>& scores, int64_t coun
     return order;
 }
 
+// Rows a step reads at a time when it scans a layer's keys (quest's page summaries, topk, h2o's
+// first step, the recall measurement): what it holds of them at once.
+constexpr int64_t key_chunk_rows = 4096;
+
+// The float32 keys of one kv head of a layer: from the keys tensor in memory, or from an
+// offloaded cache's file with pread (KvCache::gather), so that a step over a cache on disk never
+// maps the layer's keys or holds more of them than one chunk.
+class HeadKeys {
+  public:
+    HeadKeys(const torch::Tensor& keys, const KvCache* disk, int64_t layer, int64_t head)
+        : keys_(keys), disk_(disk), layer_(layer), head_(head) {}
+
+    /// Rows [first, first + count): [count, D].
+    torch::Tensor range(int64_t first, int64_t count) const {
+        if (!disk_)
+            return keys_[head_]
+                .narrow(0, first, count)
+                .to(torch::kCPU, torch::kFloat32)
+                .contiguous();
+        std::vector<int64_t> rows(static_cast<std::size_t>(count));
+        std::iota(rows.begin(), rows.end(), first);
+        return gather(rows);
+    }
+
+    /// The rows `rows`: [rows.size(), D].
+    torch::Tensor gather(std::span<const int64_t> rows) const {
+        const auto count = static_cast<int64_t>(rows.size());
+        if (!disk_) {
+            const torch::Tensor index =
+                torch::from_blob(const_cast<int64_t*>(rows.data()), {count}, torch::kInt64)
+                    .to(keys_.device());
+            return keys_[head_]
+                .index_select(0, index)
+                .to(torch::kCPU, torch::kFloat32)
+                .contiguous();
+        }
+        const torch::Tensor raw = torch::empty({count, disk_->head_dim()}, disk_->dtype());
+        disk_->gather(layer_, head_, rows, raw.data_ptr(), nullptr);
+        return raw.to(torch::kFloat32).contiguous();
+    }
+
+    /// Calls visit(first, keys) for rows [from, to) in chunks of at most `chunk` rows, in order.
+    template <class Visit>
+    void scan(int64_t from, int64_t to, int64_t chunk, Visit&& visit) const {
+        for (int64_t first = from; first < to; first += chunk) {
+            const int64_t count = std::min(chunk, to - first);
+            visit(first, range(first, count));
+        }
+    }
+
+  private:
+    const torch::Tensor& keys_;
+    const KvCache* disk_;
+    int64_t layer_, head_;
+};
+
+// log(sum(exp(logits))) per query row, over logits [rows, n] added a chunk at a time (float64).
+class LogSumExp {
+  public:
+    explicit LogSumExp(int64_t rows)
+        : top_(torch::full({rows}, -std::numeric_limits<double>::infinity(), torch::kFloat64)),
+          sum_(torch::zeros({rows}, torch::kFloat64)) {}
+
+    void add(const torch::Tensor& logits) {
+        const torch::Tensor wide = logits.to(torch::kFloat64);
+        const torch::Tensor top = torch::maximum(top_, std::get<0>(wide.max(1)));
+        sum_ = sum_ * torch::exp(top_ - top) + torch::exp(wide - top.unsqueeze(1)).sum(1);
+        top_ = top;
+    }
+    /// [rows]: the log of each row's normaliser.
+    torch::Tensor value() const { return top_ + torch::log(sum_); }
+
+  private:
+    torch::Tensor top_, sum_;
+};
+
 }  // namespace
 
 // One index segment: rows [first_row, first_row + size) of the cache, indexed per (layer, head)
@@ -112,6 +188,7 @@ struct SparseAttention::State {
     std::vector<int64_t> seen;  // per plane: rows added to `kept` so far
     // The keys of the stored indexes of an offloaded cache, in a file (prepare()).
     std::unique_ptr<FileArena> index_arena;
+    // The cache on disk prepare() was given: select() reads its keys with pread.
     const KvCache* offloaded_cache = nullptr;
 
     State(const ModelConfig& c, const Rope& r) : config(c), rope(r) {}
@@ -316,11 +393,11 @@ void SparseAttention::run_index_jobs(std::vector<std::function<void()>>& jobs) {
 }
 
 void SparseAttention::prepare(const KvCache& cache) {
+    // Every method reads the keys of a cache on disk with pread (select()).
+    if (cache.offloaded()) state_->offloaded_cache = &cache;
     if (options_.method != SparseMethod::icecache) return;
-    if (cache.offloaded() && !state_->index_arena) {
+    if (cache.offloaded() && !state_->index_arena)
         state_->index_arena = std::make_unique<FileArena>(options_.offload_dir);
-        state_->offloaded_cache = &cache;
-    }
     std::vector<std::function<void()>> jobs;
     for (int64_t layer = options_.dense_layers; layer < state_->config.num_layers; ++layer) {
         const torch::Tensor keys = cache.keys(layer);
@@ -352,13 +429,12 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
     const torch::Tensor q =
         queries.reshape({query_heads, dim}).to(torch::kCPU, torch::kFloat32).contiguous();
 
-    // The keys in float32 on the host, converted once per call whoever needs them first (the
-    // method, then the recall measurement).
-    torch::Tensor all_keys;
-    auto keys_f32 = [&]() -> const torch::Tensor& {
-        if (!all_keys.defined()) all_keys = keys.to(torch::kCPU, torch::kFloat32).contiguous();
-        return all_keys;
-    };
+    // Keys are read a head and a chunk at a time (HeadKeys), from the file of a cache on disk.
+    const KvCache* disk = s.offloaded_cache && s.offloaded_cache->offloaded() &&
+                                  s.offloaded_cache->keys(layer).data_ptr() == keys.data_ptr()
+                              ? s.offloaded_cache
+                              : nullptr;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
 
     auto resident = [&](std::vector<int64_t>& chosen, int64_t window_from) {
         for (int64_t r = 0; r < std::min(sink, total); ++r)
@@ -385,25 +461,46 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         for (auto& chosen : rows)
             resident(chosen, total - (options_.budget - sink));
     } else if (options_.method == SparseMethod::topk) {
-        const torch::Tensor& all = keys_f32();
+        // The best `retrieved` rows per query head, merged chunk by chunk: the global top-k,
+        // ties to the earlier row, holding one chunk of scores at a time.
+        struct Scored {
+            float score;
+            int64_t row;
+        };
+        const auto better = [](const Scored& a, const Scored& b) {
+            return a.score != b.score ? a.score > b.score : a.row < b.row;
+        };
+        const auto keep = static_cast<std::size_t>(s.split.retrieved);
         for (int64_t head = 0; head < kv_heads; ++head) {
-            const torch::Tensor middle =
-                all[head].narrow(0, sink, std::max<int64_t>(0, window_start - sink));
-            const torch::Tensor scores =
-                torch::matmul(q.narrow(0, head * group, group), middle.t());
+            std::vector<std::vector<Scored>> best(static_cast<std::size_t>(group));
+            HeadKeys(keys, disk, layer, head)
+                .scan(
+                    sink, window_start, key_chunk_rows,
+                    [&](int64_t first, const torch::Tensor& chunk) {
+                        const torch::Tensor scores =
+                            torch::matmul(q.narrow(0, head * group, group), chunk.t()).contiguous();
+                        for (int64_t member = 0; member < group; ++member) {
+                            auto& kept = best[static_cast<std::size_t>(member)];
+                            const float* row = scores.data_ptr<float>() + member * chunk.size(0);
+                            for (int64_t i = 0; i < chunk.size(0); ++i)
+                                kept.push_back({row[i], first + i});
+                            const std::size_t n = std::min(keep, kept.size());
+                            std::partial_sort(kept.begin(),
+                                              kept.begin() + static_cast<std::ptrdiff_t>(n),
+                                              kept.end(), better);
+                            kept.resize(n);
+                        }
+                    });
             auto& chosen = rows[static_cast<std::size_t>(head)];
-            for (int64_t member = 0; member < group; ++member) {
-                const torch::Tensor row = scores[member].contiguous();
-                std::vector<float> values(row.data_ptr<float>(),
-                                          row.data_ptr<float>() + row.numel());
-                for (int64_t index : best_indices(values, s.split.retrieved))
-                    chosen.push_back(sink + index);
-            }
+            for (const auto& kept : best)
+                for (const Scored& found : kept)
+                    chosen.push_back(found.row);
             resident(chosen, window_start);
         }
     } else if (options_.method == SparseMethod::quest) {
         const int64_t page = options_.page_size;
-        const torch::Tensor& all = keys_f32();
+        // Chunks of whole pages, so that each page is summarised from one chunk.
+        const int64_t chunk = std::max<int64_t>(1, key_chunk_rows / page) * page;
         for (int64_t head = 0; head < kv_heads; ++head) {
             const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
             std::vector<float>& mins = s.page_min[plane];
@@ -414,17 +511,23 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             const int64_t from = std::max<int64_t>(0, std::min(complete, pages) - 1);
             mins.resize(static_cast<std::size_t>(pages * dim));
             maxs.resize(static_cast<std::size_t>(pages * dim));
-            for (int64_t p = from; p < pages; ++p)
-                for (int64_t d = 0; d < dim; ++d) {
-                    float low = std::numeric_limits<float>::infinity(), high = -low;
-                    for (int64_t r = p * page; r < std::min(window_start, (p + 1) * page); ++r) {
-                        const float value = row_of(all[head], r)[d];
-                        low = std::min(low, value);
-                        high = std::max(high, value);
-                    }
-                    mins[static_cast<std::size_t>(p * dim + d)] = low;
-                    maxs[static_cast<std::size_t>(p * dim + d)] = high;
-                }
+            HeadKeys(keys, disk, layer, head)
+                .scan(from * page, window_start, chunk,
+                      [&](int64_t first, const torch::Tensor& rows_read) {
+                          const int64_t last = first + rows_read.size(0);
+                          for (int64_t p = first / page; p * page < last; ++p)
+                              for (int64_t d = 0; d < dim; ++d) {
+                                  float low = std::numeric_limits<float>::infinity(), high = -low;
+                                  for (int64_t r = p * page; r < std::min(last, (p + 1) * page);
+                                       ++r) {
+                                      const float value = row_of(rows_read, r - first)[d];
+                                      low = std::min(low, value);
+                                      high = std::max(high, value);
+                                  }
+                                  mins[static_cast<std::size_t>(p * dim + d)] = low;
+                                  maxs[static_cast<std::size_t>(p * dim + d)] = high;
+                              }
+                      });
             auto& chosen = rows[static_cast<std::size_t>(head)];
             const int64_t first_page = sink / page;  // pages before it lie in the sink
             for (int64_t member = 0; member < group; ++member) {
@@ -446,38 +549,69 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             resident(chosen, window_start);
         }
     } else if (options_.method == SparseMethod::h2o) {
-        const torch::Tensor& all = keys_f32();
         const int64_t recent = options_.budget / 2;
-        const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
         for (int64_t head = 0; head < kv_heads; ++head) {
             const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
+            // The kept rows, ascending, and the attention each has accumulated (evicted rows
+            // never return, so theirs is forgotten).
             std::vector<int64_t>& kept = s.kept[plane];
             std::vector<double>& score = s.accumulated[plane];
-            for (int64_t r = s.seen[plane]; r < total; ++r)
+            for (int64_t r = s.seen[plane]; r < total; ++r) {
                 kept.push_back(r);
+                score.push_back(0.0);
+            }
             s.seen[plane] = total;
-            score.resize(static_cast<std::size_t>(total), 0.0);
-            const torch::Tensor index = torch::tensor(kept, torch::kInt64);
-            const torch::Tensor probabilities =
-                torch::softmax(torch::matmul(q.narrow(0, head * group, group),
-                                             all[head].index_select(0, index).t()) *
-                                   scale,
-                               -1);
-            const torch::Tensor summed = probabilities.sum(0).to(torch::kFloat64).contiguous();
-            for (std::size_t i = 0; i < kept.size(); ++i)
-                score[static_cast<std::size_t>(kept[i])] += summed.data_ptr<double>()[i];
+            const HeadKeys source(keys, disk, layer, head);
+            const torch::Tensor group_queries = q.narrow(0, head * group, group);
+            auto logits_of = [&](std::size_t from) {
+                const std::size_t count =
+                    std::min(kept.size() - from, static_cast<std::size_t>(key_chunk_rows));
+                return torch::matmul(group_queries,
+                                     source.gather({kept.data() + from, count}).t()) *
+                       scale;
+            };
+            // This step's attention over the kept rows, summed over the group's query heads: the
+            // normaliser first, then the probabilities, a chunk at a time (one chunk, read once,
+            // after the first step: the kept rows are the budget).
+            LogSumExp normaliser(group);
+            torch::Tensor only_chunk;
+            for (std::size_t from = 0; from < kept.size();
+                 from += static_cast<std::size_t>(key_chunk_rows)) {
+                const torch::Tensor logits = logits_of(from);
+                normaliser.add(logits);
+                if (from == 0 && kept.size() <= static_cast<std::size_t>(key_chunk_rows))
+                    only_chunk = logits;
+            }
+            const torch::Tensor log_total = normaliser.value().unsqueeze(1);
+            for (std::size_t from = 0; from < kept.size();
+                 from += static_cast<std::size_t>(key_chunk_rows)) {
+                const torch::Tensor logits = only_chunk.defined() ? only_chunk : logits_of(from);
+                const torch::Tensor summed =
+                    torch::exp(logits.to(torch::kFloat64) - log_total).sum(0).contiguous();
+                for (int64_t i = 0; i < summed.size(0); ++i)
+                    score[from + static_cast<std::size_t>(i)] += summed.data_ptr<double>()[i];
+            }
             if (static_cast<int64_t>(kept.size()) > options_.budget) {
-                std::vector<int64_t> old, next;
-                for (int64_t r : kept)
-                    (r >= total - recent ? next : old).push_back(r);
-                std::sort(old.begin(), old.end(), [&](int64_t a, int64_t b) {
-                    return score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)];
+                // Every recent row stays; of the older ones, those with the most attention.
+                std::vector<std::size_t> old, next;
+                for (std::size_t i = 0; i < kept.size(); ++i)
+                    (kept[i] >= total - recent ? next : old).push_back(i);
+                std::sort(old.begin(), old.end(), [&](std::size_t a, std::size_t b) {
+                    return score[a] != score[b] ? score[a] > score[b] : a < b;
                 });
-                old.resize(static_cast<std::size_t>(
-                    std::max<int64_t>(0, options_.budget - static_cast<int64_t>(next.size()))));
+                old.resize(std::min(old.size(),
+                                    static_cast<std::size_t>(std::max<int64_t>(
+                                        0, options_.budget - static_cast<int64_t>(next.size())))));
                 next.insert(next.end(), old.begin(), old.end());
                 std::sort(next.begin(), next.end());
-                kept = std::move(next);
+                std::vector<int64_t> kept_rows;
+                std::vector<double> kept_scores;
+                for (std::size_t i : next) {
+                    kept_rows.push_back(kept[i]);
+                    kept_scores.push_back(score[i]);
+                }
+                kept = std::move(kept_rows);
+                score = std::move(kept_scores);
             }
             rows[static_cast<std::size_t>(head)] = kept;
         }
@@ -539,15 +673,23 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         stats_.selected_tokens += static_cast<int64_t>(chosen.size());
 
     if (options_.measure_recall) {
-        const torch::Tensor& all = keys_f32();
-        const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+        // The share of the full softmax the chosen rows hold: the normaliser over every row,
+        // read a chunk at a time, against the chosen rows' own terms.
         for (int64_t head = 0; head < kv_heads; ++head) {
-            const torch::Tensor probabilities = torch::softmax(
-                torch::matmul(q.narrow(0, head * group, group), all[head].t()) * scale, -1);
-            const torch::Tensor index =
-                torch::tensor(rows[static_cast<std::size_t>(head)], torch::kInt64);
+            const HeadKeys source(keys, disk, layer, head);
+            const torch::Tensor group_queries = q.narrow(0, head * group, group);
+            LogSumExp normaliser(group);
+            source.scan(0, total, key_chunk_rows, [&](int64_t, const torch::Tensor& chunk) {
+                normaliser.add(torch::matmul(group_queries, chunk.t()) * scale);
+            });
+            const torch::Tensor chosen_logits =
+                torch::matmul(group_queries,
+                              source.gather(rows[static_cast<std::size_t>(head)]).t()) *
+                scale;
             const torch::Tensor mass =
-                probabilities.index_select(1, index).sum(1).to(torch::kFloat64).contiguous();
+                torch::exp(chosen_logits.to(torch::kFloat64) - normaliser.value().unsqueeze(1))
+                    .sum(1)
+                    .contiguous();
             for (int64_t member = 0; member < group; ++member)
                 stats_.recall_sum[layer_slot] += mass.data_ptr<double>()[member];
             stats_.recall_count[layer_slot] += group;

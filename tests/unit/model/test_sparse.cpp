@@ -1,7 +1,9 @@
 // Sparse decoding: the budget split, attention over chosen rows against the float64 reference,
 // each method's choice against brute force, and IceCache over a packed (rotated) index.
+#include "../test_support.hpp"
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
+#include "kv/model/kv_cache.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
 #include "kv/model/sparse.hpp"
@@ -11,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 
 using namespace kv;
@@ -189,6 +192,206 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
         REQUIRE(sparse.select(0, queries, longer, rows));
         check_shape_of_choice(rows, total + 1, split);
         CHECK(sparse.stats().indexed_tokens == (total - split.window + 1) * kv_heads);
+    }
+}
+
+namespace {
+
+// The float64 scores q.k of every query head [Hq, S] against its kv head's keys [Hkv, S, D].
+torch::Tensor reference_scores(const torch::Tensor& queries, const torch::Tensor& keys) {
+    const torch::Tensor q = queries.reshape({query_heads, dim}).to(torch::kFloat64);
+    const torch::Tensor k = keys.to(torch::kFloat64).repeat_interleave(query_heads / kv_heads, 0);
+    return (q.unsqueeze(1) * k).sum(2);
+}
+
+// Sorted rows: sink, window and `extra`.
+std::vector<int64_t> with_resident(std::set<int64_t> extra, int64_t total,
+                                   const BudgetSplit& split) {
+    for (int64_t r = 0; r < split.sink; ++r)
+        extra.insert(r);
+    for (int64_t r = total - split.window; r < total; ++r)
+        extra.insert(r);
+    return {extra.begin(), extra.end()};
+}
+
+}  // namespace
+
+TEST_CASE("topk quest h2o and attention recall match float64 references over many key chunks",
+          "[sparse]") {
+    // 9,000 rows: the methods read keys 4,096 rows at a time, so every choice crosses chunks.
+    const ModelConfig config = sparse_config(1);
+    const Rope rope(config);
+    const int64_t total = 9000, budget = 128;
+    const torch::Tensor keys = clustered_keys(total + 1, 21);
+    const torch::Tensor first_keys = keys.narrow(1, 0, total);
+    torch::manual_seed(22);
+    const torch::Tensor queries = torch::randn({query_heads, 1, dim});
+    const torch::Tensor scores = reference_scores(queries, first_keys);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    SparseOptions options;
+    options.budget = budget;
+    options.dense_layers = 0;
+    options.measure_recall = true;
+    const BudgetSplit split = split_budget(budget, 16);
+    const int64_t window_start = total - split.window;
+    std::vector<std::vector<int64_t>> rows;
+
+    SECTION("topk: each query head's best rows, and the recall of what it chose") {
+        options.method = SparseMethod::topk;
+        SparseAttention sparse(config, rope, options);
+        REQUIRE(sparse.select(0, queries, first_keys, rows));
+        double recall = 0;
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            std::set<int64_t> best;
+            for (int64_t member = 0; member < 2; ++member) {
+                const torch::Tensor middle =
+                    scores[head * 2 + member].narrow(0, split.sink, window_start - split.sink);
+                const torch::Tensor top = std::get<1>(middle.topk(split.retrieved)) + split.sink;
+                for (int64_t i = 0; i < split.retrieved; ++i)
+                    best.insert(top[i].item<int64_t>());
+            }
+            const std::vector<int64_t> expected = with_resident(best, total, split);
+            CHECK(rows[static_cast<std::size_t>(head)] == expected);
+            const torch::Tensor index = torch::tensor(expected, torch::kInt64);
+            for (int64_t member = 0; member < 2; ++member)
+                recall += torch::softmax(scores[head * 2 + member] * scale, 0)
+                              .index_select(0, index)
+                              .sum()
+                              .item<double>();
+        }
+        REQUIRE(sparse.stats().recall_count[0] == query_heads);
+        CHECK(sparse.stats().recall_sum[0] == Approx(recall).epsilon(1e-5));
+    }
+    SECTION("quest: the pages of the highest per-channel bounds") {
+        options.method = SparseMethod::quest;
+        SparseAttention sparse(config, rope, options);
+        REQUIRE(sparse.select(0, queries, first_keys, rows));
+        const torch::Tensor k = first_keys.to(torch::kFloat64);
+        const torch::Tensor q = queries.reshape({query_heads, dim}).to(torch::kFloat64);
+        const int64_t pages = (window_start + 15) / 16, first_page = split.sink / 16;
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            std::set<int64_t> chosen;
+            for (int64_t member = 0; member < 2; ++member) {
+                std::vector<std::pair<double, int64_t>> bounds;
+                for (int64_t p = first_page; p < pages; ++p) {
+                    const int64_t end = std::min(window_start, (p + 1) * 16);
+                    const torch::Tensor page = k[head].narrow(0, p * 16, end - p * 16);
+                    const torch::Tensor query = q[head * 2 + member];
+                    const double bound = torch::maximum(query * std::get<0>(page.min(0)),
+                                                        query * std::get<0>(page.max(0)))
+                                             .sum()
+                                             .item<double>();
+                    bounds.emplace_back(-bound, p);
+                }
+                std::sort(bounds.begin(), bounds.end());
+                for (int64_t i = 0; i < split.retrieved / 16; ++i)
+                    for (int64_t r = bounds[static_cast<std::size_t>(i)].second * 16;
+                         r < std::min(window_start,
+                                      (bounds[static_cast<std::size_t>(i)].second + 1) * 16);
+                         ++r)
+                        chosen.insert(r);
+            }
+            CHECK(rows[static_cast<std::size_t>(head)] == with_resident(chosen, total, split));
+        }
+    }
+    SECTION("h2o: the recent half and the old rows with the most attention, over two steps") {
+        options.method = SparseMethod::h2o;
+        SparseAttention sparse(config, rope, options);
+        std::vector<std::vector<int64_t>> kept(kv_heads);
+        std::vector<std::map<int64_t, double>> attention(kv_heads);
+        for (const int64_t rows_now : {total, total + 1}) {
+            const torch::Tensor now = keys.narrow(1, 0, rows_now);
+            REQUIRE(sparse.select(0, queries, now, rows));
+            const torch::Tensor step_scores = reference_scores(queries, now);
+            for (int64_t head = 0; head < kv_heads; ++head) {
+                auto& mine = kept[static_cast<std::size_t>(head)];
+                auto& mass = attention[static_cast<std::size_t>(head)];
+                for (int64_t r = mine.empty() ? 0 : mine.back() + 1; r < rows_now; ++r)
+                    mine.push_back(r);
+                const torch::Tensor index = torch::tensor(mine, torch::kInt64);
+                for (int64_t member = 0; member < 2; ++member) {
+                    const torch::Tensor p = torch::softmax(
+                        step_scores[head * 2 + member].index_select(0, index) * scale, 0);
+                    for (std::size_t i = 0; i < mine.size(); ++i)
+                        mass[mine[i]] += p[static_cast<int64_t>(i)].item<double>();
+                }
+                std::vector<int64_t> old, next;
+                for (int64_t r : mine)
+                    (r >= rows_now - budget / 2 ? next : old).push_back(r);
+                std::sort(old.begin(), old.end(),
+                          [&](int64_t a, int64_t b) { return mass[a] > mass[b]; });
+                old.resize(static_cast<std::size_t>(budget - static_cast<int64_t>(next.size())));
+                next.insert(next.end(), old.begin(), old.end());
+                std::sort(next.begin(), next.end());
+                mine = next;
+                CHECK(rows[static_cast<std::size_t>(head)] == mine);
+            }
+        }
+    }
+}
+
+TEST_CASE("every method chooses from a cache on disk as from one in memory", "[sparse][offload]") {
+    // The keys of a cache on disk are read with pread a chunk at a time; the choices, and the
+    // measured recall, must be those made from the same keys in memory, step after step.
+    torch::NoGradGuard no_grad;
+    const ModelConfig config = sparse_config(2);
+    const Rope rope(config);
+    test::TempDir dir;
+    const int64_t total = 5000, steps = 3;
+    const torch::Tensor positions = torch::arange(total, torch::kInt64);
+    KvCache memory(2, kv_heads, dim, torch::kBFloat16, torch::kCPU);
+    KvCache disk = KvCache::on_disk(2, kv_heads, dim, torch::kBFloat16, total + steps, dir.path());
+    std::vector<torch::Tensor> keys, values;
+    for (int64_t layer = 0; layer < 2; ++layer) {
+        keys.push_back(
+            clustered_keys(total, 30 + static_cast<uint64_t>(layer)).to(torch::kBFloat16));
+        values.push_back(torch::randn({kv_heads, total, dim}).to(torch::kBFloat16));
+    }
+    memory.append(keys, values, positions);
+    disk.append(keys, values, positions);
+    disk.release_pages();
+    SparseOptions options;
+    options.budget = 64;
+    options.dense_layers = 0;
+    options.measure_recall = true;
+    std::vector<std::unique_ptr<SparseAttention>> from_memory, from_disk;
+    for (SparseMethod method : {SparseMethod::streaming, SparseMethod::topk, SparseMethod::quest,
+                                SparseMethod::h2o, SparseMethod::icecache}) {
+        options.method = method;
+        from_memory.push_back(std::make_unique<SparseAttention>(config, rope, options));
+        from_disk.push_back(std::make_unique<SparseAttention>(config, rope, options));
+        from_memory.back()->prepare(memory);
+        from_disk.back()->prepare(disk);
+    }
+    torch::manual_seed(31);
+    for (int64_t step = 0; step < steps; ++step) {
+        // A new token, then each layer's choice, as a decoding step makes them.
+        std::vector<torch::Tensor> new_keys, new_values;
+        for (int64_t layer = 0; layer < 2; ++layer) {
+            new_keys.push_back(torch::randn({kv_heads, 1, dim}).to(torch::kBFloat16));
+            new_values.push_back(torch::randn({kv_heads, 1, dim}).to(torch::kBFloat16));
+        }
+        const torch::Tensor position = torch::tensor(std::vector<int64_t>{total + step});
+        memory.append(new_keys, new_values, position);
+        disk.append(new_keys, new_values, position);
+        for (int64_t layer = 0; layer < 2; ++layer) {
+            const torch::Tensor queries = torch::randn({query_heads, 1, dim});
+            for (std::size_t m = 0; m < from_memory.size(); ++m) {
+                CAPTURE(step, layer, sparse_method_name(from_memory[m]->options().method));
+                std::vector<std::vector<int64_t>> in_memory, on_disk;
+                REQUIRE(from_memory[m]->select(layer, queries, memory.keys(layer), in_memory));
+                REQUIRE(from_disk[m]->select(layer, queries, disk.keys(layer), on_disk));
+                CHECK(in_memory == on_disk);
+                if (from_memory[m]->options().method != SparseMethod::h2o)  // h2o keeps no sink
+                    check_shape_of_choice(on_disk, total + step + 1, split_budget(64, 16));
+            }
+            disk.release_pages(layer);
+        }
+    }
+    for (std::size_t m = 0; m < from_memory.size(); ++m) {
+        CAPTURE(sparse_method_name(from_memory[m]->options().method));
+        CHECK(from_disk[m]->stats().recall_sum == from_memory[m]->stats().recall_sum);
+        CHECK(from_disk[m]->stats().recall_count == from_memory[m]->stats().recall_count);
     }
 }
 

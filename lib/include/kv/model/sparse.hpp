@@ -90,6 +90,9 @@ class SparseAttention {
     /// Builds or restores the indexes of every sparse layer for the rows the cache holds now
     /// (IceCache; others need nothing), so that this one-time work happens before decoding
     /// instead of inside its first step. select() does the same lazily when not called.
+    /// Given a cache offloaded to disk, every method's select() reads that cache's keys from its
+    /// file with pread, a chunk of rows at a time, so that a step holds no layer of keys (quest's
+    /// page summaries, h2o's kept rows and the recall measurement's normaliser included).
     /// For a cache offloaded to disk (KvCache::on_disk) the stored indexes keep their keys and
     /// per-token numbers in a file too (DciIndex::restore_in_place), restoring reads the cache
     /// with pread, and queries read the file the same way: memory holds of an index its pages
