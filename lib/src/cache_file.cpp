@@ -1671,10 +1671,13 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
         in.numeric_dataset_checked(g, "page_sizes", "index/page_sizes", {layers, heads, 0}, &dims);
     const std::size_t widest = dims[2];
     if (choice.which == LayoutChoice::Which::none) return index;
+    // The caller checked the plane; a segment beyond the index's is the caller's mistake too.
     if (choice.which == LayoutChoice::Which::one &&
         (choice.plane >= layers * heads || choice.segment >= segments))
-        in.fail("index: no layout for plane " + std::to_string(choice.plane) + ", segment " +
-                std::to_string(choice.segment));
+        throw UsageError(in.source() + ": no index layout for plane " +
+                         std::to_string(choice.plane) + ", segment " +
+                         std::to_string(choice.segment) + " (the index has " +
+                         std::to_string(segments) + " segment" + (segments == 1 ? "" : "s") + ")");
     std::vector<int32_t> plane_page_sizes;
     for (std::size_t plane = 0; plane < layers * heads; ++plane) {
         if (choice.which == LayoutChoice::Which::one && plane != choice.plane) continue;

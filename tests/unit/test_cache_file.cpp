@@ -170,7 +170,9 @@ TEST_CASE("index layouts left in the file are read one at a time as read() reads
                 CHECK_FALSE(read.levels.empty());
             }
     CHECK_THROWS_WITH(reader.read_index_layout("indexed", 0, 0, 2),
-                      Catch::Contains("no layout for plane 0, segment 2"));
+                      Catch::Contains("no index layout for plane 0, segment 2 (the index has 2 "
+                                      "segments)"));
+    CHECK_THROWS_AS(reader.read_index_layout("indexed", 0, 0, 2), kv::UsageError);
     CHECK_THROWS_AS(reader.read_index_layout("indexed", 3, 0, 0), kv::UsageError);
     CHECK_THROWS_WITH(reader.read_index_layout("absent", 0, 0, 0),
                       Catch::Contains("no packet 'absent'"));
