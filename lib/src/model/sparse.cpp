@@ -819,64 +819,62 @@ torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& ca
     chunk = std::max<int64_t>(1, std::min(chunk, total));
     const torch::Tensor q =
         queries.reshape({queries.size(0), dim}).to(torch::kCPU, torch::kFloat32).contiguous();
-    torch::Tensor out = torch::empty({queries.size(0), dim}, torch::kFloat32);
-    // One kv head per job, each with its own chunk buffers: memory holds a chunk per thread.
+    torch::Tensor out = torch::zeros({queries.size(0), dim}, torch::kFloat32);
+    // The arithmetic of the decoding kernel over rows in memory (ops.cpp, attention_decode), in
+    // its order, so that a cache on disk decodes to the same bits: every key's score first (the
+    // keys read a chunk at a time), the softmax over them, then the values a chunk at a time.
+    // Memory holds a chunk per thread and 4 bytes per row and query head of the kv head at hand.
     at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
-        const torch::Tensor keys = torch::empty({chunk, dim}, stored);
-        const torch::Tensor values = torch::empty({chunk, dim}, stored);
+        const torch::Tensor rows_read = torch::empty({chunk, dim}, stored);
         std::vector<int64_t> rows;
-        std::vector<float> scores(static_cast<std::size_t>(chunk));
+        std::vector<float> scores(static_cast<std::size_t>(group * total));
+        auto read = [&](int64_t head, bool keys, int64_t first, int64_t count) {
+            rows.resize(static_cast<std::size_t>(count));
+            std::iota(rows.begin(), rows.end(), first);
+            cache.gather(layer, head, rows, keys ? rows_read.data_ptr() : nullptr,
+                         keys ? nullptr : rows_read.data_ptr());
+            return direct ? rows_read
+                          : rows_read.narrow(0, 0, count).to(torch::kFloat32).contiguous();
+        };
         for (int64_t head = begin; head < end; ++head) {
-            // Per query head of the group: running maximum, sum of exponentials, weighted values.
-            std::vector<double> best(static_cast<std::size_t>(group),
-                                     -std::numeric_limits<double>::infinity());
-            std::vector<double> sum(static_cast<std::size_t>(group), 0.0);
-            std::vector<float> weighted(static_cast<std::size_t>(group * dim), 0.0f);
             for (int64_t first = 0; first < total; first += chunk) {
                 const int64_t count = std::min(chunk, total - first);
-                rows.resize(static_cast<std::size_t>(count));
-                std::iota(rows.begin(), rows.end(), first);
-                cache.gather(layer, head, rows, keys.data_ptr(), values.data_ptr());
-                torch::Tensor k = keys, v = values;
-                if (!direct) {
-                    k = keys.narrow(0, 0, count).to(torch::kFloat32).contiguous();
-                    v = values.narrow(0, 0, count).to(torch::kFloat32).contiguous();
-                }
+                const torch::Tensor k = read(head, true, first, count);
                 for (int64_t member = 0; member < group; ++member) {
-                    const auto m = static_cast<std::size_t>(member);
                     const float* query = q.data_ptr<float>() + (head * group + member) * dim;
+                    float* row_scores = scores.data() + member * total + first;
                     if (k.scalar_type() == torch::kBFloat16)
-                        dot_rows_bf16(static_cast<const uint16_t*>(k.data_ptr()), query,
-                                      scores.data(), count, dim);
+                        dot_rows_bf16(static_cast<const uint16_t*>(k.data_ptr()), query, row_scores,
+                                      count, dim);
                     else
-                        dot_rows_f32(k.data_ptr<float>(), query, scores.data(), count, dim);
-                    double top = best[m];
-                    for (int64_t i = 0; i < count; ++i)
-                        top = std::max(top, scale * static_cast<double>(scores[i]));
-                    const double decay = std::exp(best[m] - top);
-                    double added = 0;
-                    for (int64_t i = 0; i < count; ++i) {
-                        const double p = std::exp(scale * static_cast<double>(scores[i]) - top);
-                        scores[static_cast<std::size_t>(i)] = static_cast<float>(p);
-                        added += p;
-                    }
-                    float* acc = weighted.data() + member * dim;
-                    for (int64_t d = 0; d < dim; ++d)
-                        acc[d] = static_cast<float>(acc[d] * decay);
-                    if (v.scalar_type() == torch::kBFloat16)
-                        accumulate_rows_bf16(static_cast<const uint16_t*>(v.data_ptr()),
-                                             scores.data(), acc, count, dim);
-                    else
-                        accumulate_rows_f32(v.data_ptr<float>(), scores.data(), acc, count, dim);
-                    sum[m] = sum[m] * decay + added;
-                    best[m] = top;
+                        dot_rows_f32(k.data_ptr<float>(), query, row_scores, count, dim);
                 }
             }
             for (int64_t member = 0; member < group; ++member) {
-                float* row = out.data_ptr<float>() + (head * group + member) * dim;
-                const float* acc = weighted.data() + member * dim;
-                for (int64_t d = 0; d < dim; ++d)
-                    row[d] = static_cast<float>(acc[d] / sum[static_cast<std::size_t>(member)]);
+                const std::span<float> mine(scores.data() + member * total,
+                                            static_cast<std::size_t>(total));
+                float best = -std::numeric_limits<float>::infinity();
+                for (float& score : mine)
+                    best = std::max(best, score *= static_cast<float>(scale));
+                double sum = 0;
+                for (float& score : mine)
+                    sum += (score = std::exp(score - best));
+                const float inverse = static_cast<float>(1.0 / sum);
+                for (float& score : mine)
+                    score *= inverse;
+            }
+            for (int64_t first = 0; first < total; first += chunk) {
+                const int64_t count = std::min(chunk, total - first);
+                const torch::Tensor v = read(head, false, first, count);
+                for (int64_t member = 0; member < group; ++member) {
+                    const float* weights = scores.data() + member * total + first;
+                    float* acc = out.data_ptr<float>() + (head * group + member) * dim;
+                    if (v.scalar_type() == torch::kBFloat16)
+                        accumulate_rows_bf16(static_cast<const uint16_t*>(v.data_ptr()), weights,
+                                             acc, count, dim);
+                    else
+                        accumulate_rows_f32(v.data_ptr<float>(), weights, acc, count, dim);
+                }
             }
         }
     });

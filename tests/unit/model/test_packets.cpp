@@ -4,6 +4,7 @@
 #include "../test_support.hpp"
 #include "kv/error.hpp"
 #include "kv/model/model.hpp"
+#include "kv/model/ops.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/model/sparse.hpp"
 #include "kv/rope.hpp"
@@ -216,21 +217,32 @@ TEST_CASE("a cache offloaded to disk holds and decodes exactly what one in memor
             CHECK(torch::equal(attention_over_staged_rows(queries, memory, layer, rows, 0.25),
                                expected));
         }
-        // A dense layer of the file streamed in chunks equals attention over all its rows.
+        // A dense layer of the file streamed in chunks is, bit for bit, attention over all its
+        // rows in memory (the decoding kernel), and that attention up to rounding.
         std::vector<std::vector<int64_t>> all(2);
         for (auto& head : all)
             for (int64_t row = 0; row < disk.length(); ++row)
                 head.push_back(row);
+        const AttentionMask sees_all{torch::tensor(std::vector<int64_t>{memory.next_position()}),
+                                     memory.positions(),
+                                     0,
+                                     {},
+                                     {}};
         for (int64_t layer = 0; layer < config.num_layers; ++layer)
-            for (const int64_t chunk : {1, 5, 4096})
-                CHECK(torch::allclose(attention_streamed(queries, disk, layer, 0.25, chunk),
+            for (const int64_t chunk : {1, 5, 4096}) {
+                const torch::Tensor streamed =
+                    attention_streamed(queries, disk, layer, 0.25, chunk);
+                CHECK(torch::equal(streamed, attention(queries, memory.keys(layer),
+                                                       memory.values(layer), sees_all, 0.25)));
+                CHECK(torch::allclose(streamed,
                                       attention_over_rows(queries, memory.keys(layer),
                                                           memory.values(layer), all, 0.25),
                                       1e-5, 1e-6));
-        // One decoding step, whose dense layers stream: the same logits up to rounding.
+            }
+        // One decoding step, whose dense layers stream: the same logits, bit for bit.
         const torch::Tensor step_memory = model->prefill(std::vector<int32_t>{7}, memory);
         const torch::Tensor step_disk = model->prefill(std::vector<int32_t>{7}, disk);
-        CHECK(torch::allclose(step_memory, step_disk, 1e-4, 1e-5));
+        CHECK(torch::equal(step_memory, step_disk));
         // Made for 20 tokens, it cannot grow.
         CHECK_THROWS_AS(model->prefill(std::vector<int32_t>(3, 1), disk), UnsupportedError);
         CHECK(disk.length() == 18);
@@ -267,10 +279,15 @@ TEST_CASE("a bf16 cache on disk streams and stages its rows as one in memory att
         const torch::Tensor expected =
             attention_over_rows(queries, memory.keys(layer), memory.values(layer), all, 0.3)
                 .to(torch::kFloat32);
-        for (const int64_t chunk : {1, 8, 64})
-            CHECK(torch::allclose(
-                attention_streamed(queries, disk, layer, 0.3, chunk).to(torch::kFloat32), expected,
-                1e-2, 1e-2));
+        const AttentionMask sees_all{
+            torch::tensor(std::vector<int64_t>{tokens}), positions, 0, {}, {}};
+        const torch::Tensor in_memory =
+            attention(queries, memory.keys(layer), memory.values(layer), sees_all, 0.3);
+        for (const int64_t chunk : {1, 8, 64}) {
+            const torch::Tensor streamed = attention_streamed(queries, disk, layer, 0.3, chunk);
+            CHECK(torch::equal(streamed, in_memory));
+            CHECK(torch::allclose(streamed.to(torch::kFloat32), expected, 1e-2, 1e-2));
+        }
         CHECK(torch::equal(
             attention_over_staged_rows(queries, disk, layer, some, 0.3),
             attention_over_rows(queries, memory.keys(layer), memory.values(layer), some, 0.3)));

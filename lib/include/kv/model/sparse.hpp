@@ -168,9 +168,11 @@ torch::Tensor attention_over_staged_rows(const torch::Tensor& queries, const KvC
                                          double scale);
 
 /// Exact attention of one token's queries [Hq, 1, D] over every row of the cache's layer
-/// `layer` (the decoding token sees them all: no mask), read `chunk` rows at a time with
-/// KvCache::gather and joined by an online softmax, so that an offloaded cache's dense layers
-/// hold one chunk in memory, not the layer. Equal to attention() up to float rounding.
+/// `layer` (the decoding token sees them all: no mask), its keys then its values read `chunk`
+/// rows at a time with KvCache::gather, so that an offloaded cache's dense layers hold one chunk
+/// of rows in memory, not the layer (and a score per row and query head of one kv head). For
+/// bf16 and float32 caches the same bits as attention() over the rows in memory, whatever the
+/// chunk: the same kernels in the same order.
 torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& cache, int64_t layer,
                                  double scale, int64_t chunk = 4096);
 
