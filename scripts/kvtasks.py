@@ -302,7 +302,7 @@ CONTEXT_WEIGHT = 0.05
 
 TRAINING_KINDS = {"passkey": 2, "multikey": 2, "bios": 3, "twohop": 3, "niah": 2, "mixed": 3,
                   "repeat": 3, "copy": 0, "recall": 0, "quiz": 0,
-                  "bioquiz": 0}
+                  "bioquiz": 0, "hardbioquiz": 0}
 
 
 def training_sample(rng, counter, tokens, kinds=None):
@@ -319,6 +319,9 @@ def training_sample(rng, counter, tokens, kinds=None):
         return quiz_sample(rng, counter, tokens)
     if kind == "bioquiz":
         return quiz_sample(rng, counter, tokens, biography_share=1.0, most_per_biography=4)
+    if kind == "hardbioquiz":
+        return quiz_sample(rng, counter, tokens, biography_share=1.0, most_per_biography=4,
+                           confusable=True)
     if kind == "passkey":
         task = make_passkey(rng, counter, tokens, rng.random())
     elif kind == "multikey":
@@ -417,7 +420,39 @@ def recall_sample(rng, counter, tokens):
     return {"kind": "recall", "segments": segments}
 
 
-def quiz_sample(rng, counter, tokens, biography_share=0.5, most_per_biography=2):
+def confusable_facts(rng):
+    """A fact drawer for `hardbioquiz`: the people of one sequence often share the first letters
+    of their cities, jobs and colours, and the decade of their birth years (each fact half the
+    time), so
+    that an answer's first token no longer tells whose it is: after phase 7 the model answered
+    with the right first token and continued from another person's answer ("L" + "isbon" for
+    Lyon, "19" + "8" for 1938)."""
+    def bucket(words):
+        by_letter = {}
+        for word in words:
+            by_letter.setdefault(word[0], []).append(word)
+        shared = [group for _, group in sorted(by_letter.items()) if len(group) >= 2]
+        return rng.choice(shared)
+    cities, jobs, colours = bucket(CITIES), bucket(JOBS), bucket(COLOURS)
+    decade = rng.randint(0, 9)
+
+    def draw(name):
+        # Each value from the shared group half of the time, so that values still vary.
+        facts = bio_facts(rng, name)
+        shared = {"year": str(1900 + 10 * decade + rng.randint(0, 9)), "city": rng.choice(cities),
+                  "job": rng.choice(jobs), "colour": rng.choice(colours)}
+        for attribute in ("year", "city", "job", "colour"):
+            if rng.random() < 0.5:
+                continue
+            sentence, question, prefix, old_value = facts[attribute]
+            value = shared[attribute]
+            facts[attribute] = (value.join(sentence.rsplit(old_value, 1)), question, prefix, value)
+        return facts
+    return draw
+
+
+def quiz_sample(rng, counter, tokens, biography_share=0.5, most_per_biography=2,
+                confusable=False):
     """Documents holding biographies and magic numbers, then many questions about them, every
     answer a target. The single-question tasks give one answer of a few tokens per sequence of
     thousands; here a sequence gives a dozen, at every distance, and each question must be told
@@ -427,11 +462,12 @@ def quiz_sample(rng, counter, tokens, biography_share=0.5, most_per_biography=2)
     asks about biographies only, up to four questions each: years (all "19..") and jobs (after
     " a", the commonest token of the filler) were still taken from other people after `quiz`."""
     people = name_pool(rng, rng.randint(4, 24))
+    facts_of = confusable_facts(rng) if confusable else lambda name: bio_facts(rng, name)
     questions = []  # (question, answer)
     documents = []  # the fact sentences of each document
     for name in people:
         if rng.random() < biography_share:
-            facts = bio_facts(rng, name)
+            facts = facts_of(name)
             documents.append([facts[k][0] for k in ("year", "city", "job", "colour")])
             for attribute in rng.sample(sorted(facts), rng.randint(1, most_per_biography)):
                 _, question_text, prefix, answer = facts[attribute]
