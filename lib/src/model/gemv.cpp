@@ -3,7 +3,10 @@
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which its own
@@ -379,6 +382,18 @@ const char* gemv_isa() {
             return "portable";
     }
     return "portable";
+}
+
+void softmax_scaled_in_place(float* scores, int64_t count, float scale) {
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t n = 0; n < count; ++n)
+        best = std::max(best, scores[n] *= scale);
+    double total = 0;
+    for (int64_t n = 0; n < count; ++n)
+        total += (scores[n] = std::exp(scores[n] - best));
+    const float inverse = static_cast<float>(1.0 / total);
+    for (int64_t n = 0; n < count; ++n)
+        scores[n] *= inverse;
 }
 
 }  // namespace kv

@@ -219,15 +219,7 @@ torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
                 else
                     dot_rows_f32(reinterpret_cast<const float*>(key_rows), query, scores.data(),
                                  keys, head_dim);
-                float best = -std::numeric_limits<float>::infinity();
-                for (float& score : scores)
-                    best = std::max(best, score *= static_cast<float>(scale));
-                double total = 0;
-                for (float& score : scores)
-                    total += (score = std::exp(score - best));
-                const float inverse = static_cast<float>(1.0 / total);
-                for (float& score : scores)
-                    score *= inverse;
+                softmax_scaled_in_place(scores.data(), keys, static_cast<float>(scale));
                 float* out = output_data + query_head * head_dim;
                 if (bf16)
                     accumulate_rows_bf16(reinterpret_cast<const uint16_t*>(value_rows),

@@ -850,19 +850,9 @@ torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& ca
                         dot_rows_f32(k.data_ptr<float>(), query, row_scores, count, dim);
                 }
             }
-            for (int64_t member = 0; member < group; ++member) {
-                const std::span<float> mine(scores.data() + member * total,
-                                            static_cast<std::size_t>(total));
-                float best = -std::numeric_limits<float>::infinity();
-                for (float& score : mine)
-                    best = std::max(best, score *= static_cast<float>(scale));
-                double sum = 0;
-                for (float& score : mine)
-                    sum += (score = std::exp(score - best));
-                const float inverse = static_cast<float>(1.0 / sum);
-                for (float& score : mine)
-                    score *= inverse;
-            }
+            for (int64_t member = 0; member < group; ++member)
+                softmax_scaled_in_place(scores.data() + member * total, total,
+                                        static_cast<float>(scale));
             for (int64_t first = 0; first < total; first += chunk) {
                 const int64_t count = std::min(chunk, total - first);
                 const torch::Tensor v = read(head, false, first, count);

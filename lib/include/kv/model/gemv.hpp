@@ -23,6 +23,10 @@ void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out
                           int64_t columns);
 void accumulate_rows_f32(const float* rows, const float* weights, float* out, int64_t count,
                          int64_t columns);
+/// scores[n] = softmax(scale * scores)[n] for n < count, in place: the maximum in float, the
+/// exponentials in float, their sum in double. One-token attention in memory and streamed from
+/// disk both use it, so that the two give the same bits.
+void softmax_scaled_in_place(float* scores, int64_t count, float scale);
 
 /// The instruction set the kernels use here: "avx512-bf16", "avx512", "avx2" or "portable".
 const char* gemv_isa();
