@@ -58,35 +58,50 @@ void KvCache::release_pages(int64_t layer) {
 
 void KvCache::gather(int64_t layer, int64_t head, std::span<const int64_t> rows, void* keys_out,
                      void* values_out) const {
-    const auto row_bytes = static_cast<std::size_t>(head_dim_ * c10::elementSize(dtype_));
     for (int64_t row : rows)
         if (row < 0 || row >= visible())
             throw Error("kv cache: gather of row " + std::to_string(row) + " of " +
                         std::to_string(visible()));
+    const auto row_bytes = static_cast<std::size_t>(head_dim_ * c10::elementSize(dtype_));
+    for (std::size_t i = 0; i < rows.size();) {
+        std::size_t run = 1;  // consecutive rows are read at once
+        while (i + run < rows.size() && rows[i + run] == rows[i] + static_cast<int64_t>(run))
+            ++run;
+        copy_rows(layer, head, rows[i], static_cast<int64_t>(run),
+                  keys_out ? static_cast<std::byte*>(keys_out) + i * row_bytes : nullptr,
+                  values_out ? static_cast<std::byte*>(values_out) + i * row_bytes : nullptr);
+        i += run;
+    }
+}
+
+void KvCache::gather_range(int64_t layer, int64_t head, int64_t first, int64_t count,
+                           void* keys_out, void* values_out) const {
+    if (first < 0 || count < 0 || first + count > visible())
+        throw Error("kv cache: gather of rows " + std::to_string(first) + "+" +
+                    std::to_string(count) + " of " + std::to_string(visible()));
+    copy_rows(layer, head, first, count, keys_out, values_out);
+}
+
+void KvCache::copy_rows(int64_t layer, int64_t head, int64_t first, int64_t count, void* keys_out,
+                        void* values_out) const {
+    const auto row_bytes = static_cast<std::size_t>(head_dim_ * c10::elementSize(dtype_));
+    const std::size_t bytes = static_cast<std::size_t>(count) * row_bytes;
     for (const bool keys : {true, false}) {
-        auto* out = static_cast<std::byte*>(keys ? keys_out : values_out);
-        if (!out) continue;
+        void* out = keys ? keys_out : values_out;
+        if (!out || count == 0) continue;
         if (!arena_) {
-            const torch::Tensor plane =
-                (keys ? keys_ : values_).at(static_cast<std::size_t>(layer))[head].contiguous();
-            for (std::size_t i = 0; i < rows.size(); ++i)
-                std::memcpy(out + i * row_bytes,
-                            static_cast<const std::byte*>(plane.data_ptr()) + rows[i] * row_bytes,
-                            row_bytes);
+            const torch::Tensor plane = (keys ? keys_ : values_)
+                                            .at(static_cast<std::size_t>(layer))[head]
+                                            .narrow(0, first, count)
+                                            .contiguous();
+            std::memcpy(out, plane.data_ptr(), bytes);
             continue;
         }
         const std::size_t plane_bytes = static_cast<std::size_t>(kv_heads_ * capacity_) * row_bytes;
         const std::size_t base = layer_offsets_.at(static_cast<std::size_t>(layer)) +
                                  (keys ? 0 : plane_bytes) +
                                  static_cast<std::size_t>(head * capacity_) * row_bytes;
-        for (std::size_t i = 0; i < rows.size();) {
-            std::size_t run = 1;  // consecutive rows are read at once
-            while (i + run < rows.size() && rows[i + run] == rows[i] + static_cast<int64_t>(run))
-                ++run;
-            arena_->read(base + static_cast<std::size_t>(rows[i]) * row_bytes, run * row_bytes,
-                         out + i * row_bytes);
-            i += run;
-        }
+        arena_->read(base + static_cast<std::size_t>(first) * row_bytes, bytes, out);
     }
 }
 

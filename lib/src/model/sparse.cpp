@@ -100,9 +100,9 @@ class HeadKeys {
                 .narrow(0, first, count)
                 .to(torch::kCPU, torch::kFloat32)
                 .contiguous();
-        std::vector<int64_t> rows(static_cast<std::size_t>(count));
-        std::iota(rows.begin(), rows.end(), first);
-        return gather(rows);
+        const torch::Tensor raw = torch::empty({count, disk_->head_dim()}, disk_->dtype());
+        disk_->gather_range(layer_, head_, first, count, raw.data_ptr(), nullptr);
+        return raw.to(torch::kFloat32).contiguous();
     }
 
     /// The rows `rows`: [rows.size(), D].
@@ -826,13 +826,10 @@ torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& ca
     // Memory holds a chunk per thread and 4 bytes per row and query head of the kv head at hand.
     at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
         const torch::Tensor rows_read = torch::empty({chunk, dim}, stored);
-        std::vector<int64_t> rows;
         std::vector<float> scores(static_cast<std::size_t>(group * total));
         auto read = [&](int64_t head, bool keys, int64_t first, int64_t count) {
-            rows.resize(static_cast<std::size_t>(count));
-            std::iota(rows.begin(), rows.end(), first);
-            cache.gather(layer, head, rows, keys ? rows_read.data_ptr() : nullptr,
-                         keys ? nullptr : rows_read.data_ptr());
+            cache.gather_range(layer, head, first, count, keys ? rows_read.data_ptr() : nullptr,
+                               keys ? nullptr : rows_read.data_ptr());
             return direct ? rows_read
                           : rows_read.narrow(0, 0, count).to(torch::kFloat32).contiguous();
         };

@@ -270,6 +270,18 @@ TEST_CASE("a bf16 cache on disk streams and stages its rows as one in memory att
     memory.append(keys, values, positions);
     disk.append(keys, values, positions);
     disk.release_pages();
+    // A range of rows reads the same bytes as the same rows gathered one list, from either tier.
+    for (const KvCache* cache : {&memory, &disk}) {
+        const std::vector<int64_t> rows = {5, 6, 7, 8, 9, 10};
+        const torch::Tensor by_list = torch::empty({2, 6, dim}, torch::kBFloat16);
+        const torch::Tensor by_range = torch::empty({2, 6, dim}, torch::kBFloat16);
+        cache->gather(1, 1, rows, by_list[0].data_ptr(), by_list[1].data_ptr());
+        cache->gather_range(1, 1, 5, 6, by_range[0].data_ptr(), by_range[1].data_ptr());
+        CHECK(torch::equal(by_list, by_range));
+        CHECK(torch::equal(by_range[0], keys[1][1].narrow(0, 5, 6)));
+        CHECK_THROWS_WITH(cache->gather_range(1, 1, 30, 8, by_range[0].data_ptr(), nullptr),
+                          Catch::Contains("gather of rows 30+8 of 37"));
+    }
     const torch::Tensor queries = torch::randn({6, 1, dim}).to(torch::kBFloat16);
     std::vector<std::vector<int64_t>> all(kv_heads), some = {{0, 5, 6, 7, 30}, {36, 2, 3}};
     for (auto& head : all)

@@ -47,6 +47,10 @@ class KvCache {
     /// skipped.
     void gather(int64_t layer, int64_t head, std::span<const int64_t> rows, void* keys_out,
                 void* values_out) const;
+    /// gather() of the consecutive rows [first, first + count): one read each for keys and
+    /// values (a chunk of a layer streamed from disk).
+    void gather_range(int64_t layer, int64_t head, int64_t first, int64_t count, void* keys_out,
+                      void* values_out) const;
 
     int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
     int64_t kv_heads() const { return kv_heads_; }
@@ -104,6 +108,9 @@ class KvCache {
 
   private:
     int64_t visible() const { return length_ + pending_; }
+    /// Rows [first, first + count) of one plane, already checked, to each non-null output.
+    void copy_rows(int64_t layer, int64_t head, int64_t first, int64_t count, void* keys_out,
+                   void* values_out) const;
 
     int64_t kv_heads_, head_dim_;
     torch::ScalarType dtype_;
