@@ -423,10 +423,9 @@ def recall_sample(rng, counter, tokens):
 def confusable_facts(rng):
     """A fact drawer for `hardbioquiz`: the people of one sequence often share the first letters
     of their cities, jobs and colours, and the decade of their birth years (each fact half the
-    time), so
-    that an answer's first token no longer tells whose it is: after phase 7 the model answered
-    with the right first token and continued from another person's answer ("L" + "isbon" for
-    Lyon, "19" + "8" for 1938)."""
+    time), so that an answer's first token no longer tells whose it is: after phase 7 the model
+    answered with the right first token and continued from another person's answer ("L" +
+    "isbon" for Lyon, "19" + "8" for 1938)."""
     def bucket(words):
         by_letter = {}
         for word in words:
@@ -584,7 +583,7 @@ def main():
         generators[name].add_argument("--documents", type=int, default=8)
     generators["train"].add_argument(
         "--kinds", help="comma-separated kinds of sequence (default: the task mixture; also copy, "
-        "quiz, bioquiz)")
+        "recall, quiz, bioquiz, hardbioquiz)")
     p = sub.add_parser("score", help="exact match and micro-F1 of predictions")
     p.add_argument("predictions", help='JSONL with "prediction" and "answer" (or --gold)')
     p.add_argument("--gold", help="task JSONL whose answers match the predictions by id")
