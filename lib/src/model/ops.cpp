@@ -318,8 +318,33 @@ torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, con
 
 }  // namespace
 
+namespace {
+
+// Training's case: gradients wanted, every query of a sequence over the same sequence's keys,
+// causal by position with positions increasing (so causal by index), nothing else masked.
+bool is_trainable_self_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                 const torch::Tensor& v, const AttentionMask& mask) {
+    if (!at::GradMode::is_enabled() ||
+        !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return false;
+    // On an accelerator the general path's big batched products are the fast ones.
+    if (!q.device().is_cpu()) return false;
+    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
+    const int64_t tokens = q.size(1);
+    if (tokens < 2 || k.size(1) != tokens || v.size(1) != tokens) return false;
+    const torch::Tensor positions = mask.query_positions;
+    if (!positions.is_same(mask.key_positions) && !torch::equal(positions, mask.key_positions))
+        return false;
+    return (positions.narrow(0, 1, tokens - 1) > positions.narrow(0, 0, tokens - 1))
+        .all()
+        .item<bool>();
+}
+
+}  // namespace
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionMask& mask, double scale) {
+    if (is_trainable_self_attention(q, k, v, mask)) return causal_self_attention(q, k, v, scale);
     return attention_part(q, k, v, mask, scale, true);
 }
 

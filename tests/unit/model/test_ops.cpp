@@ -3,6 +3,7 @@
 #include "kv/rope.hpp"
 #include "reference.hpp"
 
+#include <torch/csrc/autograd/function.h>
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -305,6 +306,102 @@ TEST_CASE("attention with grouped-query heads matches the float64 reference", "[
             reference::attend(to_vector(q[0][2] * (0.35 * std::sqrt(8.0))), keys, values, visible);
         for (int64_t d = 0; d < head_dim; ++d)
             CHECK(got[2 * head_dim + d] == Approx(out[d]).margin(1e-5));
+    }
+}
+
+namespace {
+
+// Dense causal attention in float64 through libtorch's autograd: the reference for the tiled
+// kernel's outputs and gradients.
+torch::Tensor dense_causal_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, double scale) {
+    const int64_t group = q.size(0) / k.size(0), tokens = q.size(1);
+    const torch::Tensor keys = k.repeat_interleave(group, 0),
+                        values = v.repeat_interleave(group, 0);
+    const torch::Tensor later = torch::ones({tokens, tokens}, torch::kBool).triu(1);
+    const torch::Tensor scores =
+        torch::matmul(q, keys.transpose(1, 2)).mul(scale).masked_fill(later, -INFINITY);
+    return torch::matmul(torch::softmax(scores, -1), values);
+}
+
+}  // namespace
+
+TEST_CASE("tiled causal self-attention and its gradients match float64 autograd",
+          "[ops][attention]") {
+    // 75 tokens: two whole tiles of 32 queries and a partial one; 3 query heads per kv head.
+    const int64_t query_heads = 6, kv_heads = 2, head_dim = 16, tokens = 75;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    const torch::Tensor q0 = random_tensor({query_heads, tokens, head_dim}, 20);
+    const torch::Tensor k0 = random_tensor({kv_heads, tokens, head_dim}, 21);
+    const torch::Tensor v0 = random_tensor({kv_heads, tokens, head_dim}, 22);
+    const torch::Tensor upstream = random_tensor({query_heads, tokens, head_dim}, 23);
+
+    const auto gradients_of = [&](torch::ScalarType dtype, bool reference) {
+        torch::Tensor q = q0.to(dtype).requires_grad_(), k = k0.to(dtype).requires_grad_(),
+                      v = v0.to(dtype).requires_grad_();
+        const torch::Tensor out = reference ? dense_causal_attention(q, k, v, scale)
+                                            : causal_self_attention(q, k, v, scale);
+        CHECK(out.scalar_type() == dtype);
+        (out.to(torch::kFloat64) * upstream.to(torch::kFloat64)).sum().backward();
+        CHECK(q.grad().scalar_type() == dtype);
+        CHECK(k.grad().scalar_type() == dtype);
+        return std::vector<std::vector<double>>{to_vector(out), to_vector(q.grad()),
+                                                to_vector(k.grad()), to_vector(v.grad())};
+    };
+    const auto expected = gradients_of(torch::kFloat64, true);
+    const char* names[] = {"output", "dq", "dk", "dv"};
+    SECTION("float32") {
+        const auto got = gradients_of(torch::kFloat32, false);
+        for (int i = 0; i < 4; ++i) {
+            INFO(names[i]);
+            CHECK(max_abs_difference(got[i], expected[i]) < 2e-5);
+        }
+    }
+    SECTION("bf16: no further from float64 than the general path's bf16 attention") {
+        // The products in bf16, as the general path computes them (its scores are rounded to
+        // bf16 too); an `allow` of all true sends attention() down the general path.
+        const torch::Tensor positions = torch::arange(tokens);
+        const AttentionMask general_mask{
+            positions, positions, 0, torch::ones({tokens, tokens}, torch::kBool), {}};
+        const auto run = [&](bool tiled) {
+            torch::Tensor q = q0.to(torch::kBFloat16).requires_grad_(),
+                          k = k0.to(torch::kBFloat16).requires_grad_(),
+                          v = v0.to(torch::kBFloat16).requires_grad_();
+            const torch::Tensor out = tiled ? causal_self_attention(q, k, v, scale)
+                                            : attention(q, k, v, general_mask, scale);
+            CHECK(out.scalar_type() == torch::kBFloat16);
+            (out.to(torch::kFloat64) * upstream.to(torch::kFloat64)).sum().backward();
+            CHECK(k.grad().scalar_type() == torch::kBFloat16);
+            return std::vector<std::vector<double>>{to_vector(out), to_vector(q.grad()),
+                                                    to_vector(k.grad()), to_vector(v.grad())};
+        };
+        const auto tiled = run(true), general = run(false);
+        for (int i = 0; i < 4; ++i) {
+            INFO(names[i]);
+            const double tiled_error = max_abs_difference(tiled[i], expected[i]);
+            const double general_error = max_abs_difference(general[i], expected[i]);
+            INFO("tiled " << tiled_error << ", general " << general_error);
+            CHECK(tiled_error < 0.05);
+            // dK and dV sum one bf16 product per tile where the general path rounds one product
+            // over every query: a few more roundings, of smaller partial sums.
+            CHECK(tiled_error <= 1.5 * general_error);
+        }
+    }
+    SECTION("attention() takes this path when gradients are wanted, and agrees with itself") {
+        // Stretched positions (as training draws them): increasing, so causal by index.
+        std::vector<int64_t> stretched(tokens);
+        for (int64_t t = 0; t < tokens; ++t)
+            stretched[t] = t < 40 ? t : t + 900;
+        const torch::Tensor positions = torch::tensor(stretched);
+        const AttentionMask mask{positions, positions, 0, {}, {}};
+        torch::Tensor q = q0.clone().requires_grad_();
+        const torch::Tensor trained = attention(q, k0, v0, mask, scale);
+        CHECK(trained.grad_fn() != nullptr);
+        CHECK(trained.grad_fn()->name().find("CausalAttention") != std::string::npos);
+        torch::NoGradGuard no_grad;
+        const torch::Tensor general = attention(q0, k0, v0, mask, scale);
+        CHECK(max_abs_difference(to_vector(trained), to_vector(general)) < 2e-5);
+        CHECK(max_abs_difference(to_vector(trained), expected[0]) < 2e-5);
     }
 }
 

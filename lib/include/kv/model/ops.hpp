@@ -69,4 +69,12 @@ struct AttentionMask {
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionMask& mask, double scale);
 
+/// Causal self-attention by index (query i sees keys 0..i) with gradients, for training: q [Hq,
+/// T, D], k and v [Hkv, T, D]; float32 inside, q's dtype out. Computed by tiles that keep only
+/// the output and each row's log-sum-exp, backward recomputing the probabilities, so that no
+/// [T, T] tensor is ever stored. attention() takes this path when gradients are wanted and the
+/// mask is plain causality over increasing positions.
+torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v, double scale);
+
 }  // namespace kv
