@@ -5,9 +5,12 @@
 // forward and backward (dtype copies, masked_fill, softmax and its backward, the zero fill of
 // masked gradients): ~90% of a training step (libtorch profiler, demo model, 8 x 2,048 tokens),
 // the matrix products ~6%. Here each task takes one kv head and a block of queries with its whole
-// query group, computes the scores of the keys the block may see (a prefix: causal by index)
-// into a tile that stays in cache, and keeps only the output and each row's log-sum-exp;
-// backward recomputes the tile's probabilities from them (FlashAttention's scheme).
+// query group: the products of the keys the block may see (a prefix: causal by index) run in the
+// inputs' dtype (bf16's are ~3x faster here than float32's, and the general path rounded its
+// scores to bf16 too), the softmax of each row in float32 in two fused passes
+// (attention_rows.hpp) while the tile is in cache. Forward keeps only the output and each row's
+// log-sum-exp; backward recomputes the probabilities from them (FlashAttention's scheme).
+#include "kv/model/attention_rows.hpp"
 #include "kv/model/ops.hpp"
 
 #include <ATen/Parallel.h>
@@ -23,12 +26,13 @@
 namespace kv {
 namespace {
 
-// Queries per tile: [group * block, keys] float32 scores stay within a core's L2 at the lengths
-// training uses (4 x 32 x 2,048 x 4 bytes = 1 MiB).
-constexpr int64_t query_block = 32;
+// Score elements per tile: [group * block, keys] stays within a core's L2 in the tile's dtype
+// and its float32 row copies (1 MiB of float32 at the most), and short sequences take whole
+// heads at once rather than paying libtorch's per-call cost on many small tiles.
+constexpr int64_t tile_elements = int64_t{1} << 18;
 
 struct Shapes {
-    int64_t query_heads, kv_heads, group, tokens, head_dim, blocks;
+    int64_t query_heads, kv_heads, group, tokens, head_dim, block, blocks;
 };
 
 Shapes shapes_of(const torch::Tensor& q, const torch::Tensor& k) {
@@ -38,7 +42,8 @@ Shapes shapes_of(const torch::Tensor& q, const torch::Tensor& k) {
     s.group = s.query_heads / s.kv_heads;
     s.tokens = q.size(1);
     s.head_dim = q.size(2);
-    s.blocks = (s.tokens + query_block - 1) / query_block;
+    s.block = std::clamp<int64_t>(tile_elements / (s.group * s.tokens), 16, s.tokens);
+    s.blocks = (s.tokens + s.block - 1) / s.block;
     return s;
 }
 
@@ -82,31 +87,103 @@ class SingleThreadedBlas {
     int previous_ = 1;
 };
 
-// Scores of the group's queries in [begin, begin + count) against keys [0, begin + count), scaled,
-// with each query's later keys at -inf: [group * count, begin + count] float32.
-torch::Tensor tile_scores(const torch::Tensor& q_head, const torch::Tensor& k_head, int64_t begin,
-                          int64_t count, double scale) {
-    const int64_t group = q_head.size(0), visible = begin + count;
-    const torch::Tensor queries =
-        q_head.narrow(1, begin, count).reshape({group * count, q_head.size(2)});
-    torch::Tensor scores =
-        torch::mm(queries, k_head.narrow(0, 0, visible).t()).to(torch::kFloat32).mul_(scale);
-    // Only the tile's last `count` keys can be later than a query of the tile.
-    static const torch::Tensor later =
-        torch::ones({query_block, query_block}, torch::TensorOptions().dtype(torch::kBool))
-            .triu_(1);
-    scores.view({group, count, visible})
-        .narrow(2, begin, count)
-        .masked_fill_(later.narrow(0, 0, count).narrow(1, 0, count),
-                      -std::numeric_limits<float>::infinity());
-    return scores;
+// One tile: the group's queries [begin, begin + count) of one kv head, every key up to the last
+// of them. Row r of the tile is query begin + r % count of group member r / count, and sees the
+// first begin + r % count + 1 keys.
+struct Tile {
+    int64_t head, begin, count, visible, rows;
+
+    Tile(const Shapes& s, std::pair<int64_t, int64_t> task)
+        : head(task.first),
+          begin(task.second * s.block),
+          count(std::min(s.block, s.tokens - begin)),
+          visible(begin + count),
+          rows(s.group * count) {}
+    int64_t row_visible(int64_t row) const { return begin + row % count + 1; }
+    // [group, T, D] of one head -> this tile's [rows, D].
+    torch::Tensor queries_of(const torch::Tensor& grouped_head) const {
+        return grouped_head.narrow(1, begin, count).reshape({rows, grouped_head.size(2)});
+    }
+};
+
+template <typename T>
+T* pointer(const torch::Tensor& tensor) {
+    return static_cast<T*>(tensor.data_ptr());
+}
+
+template <typename T>
+void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
+                   const torch::Tensor& values, double scale, const Shapes& s,
+                   torch::Tensor& output, torch::Tensor& log_sum_exp) {
+    const auto tasks = balanced_tasks(s);
+    at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t first, int64_t end) {
+        for (int64_t t = first; t < end; ++t) {
+            const Tile tile(s, tasks[static_cast<std::size_t>(t)]);
+            const torch::Tensor visible_keys = keys[tile.head].narrow(0, 0, tile.visible);
+            // Scores, then probabilities in place: [rows, visible].
+            torch::Tensor scores = torch::mm(tile.queries_of(grouped[tile.head]), visible_keys.t());
+            T* row = pointer<T>(scores);
+            float* lse = pointer<float>(log_sum_exp[tile.head]);
+            for (int64_t r = 0; r < tile.rows; ++r, row += tile.visible)
+                lse[(r / tile.count) * s.tokens + tile.begin + r % tile.count] = softmax_row(
+                    row, row, tile.row_visible(r), tile.visible, static_cast<float>(scale));
+            output[tile.head]
+                .narrow(1, tile.begin, tile.count)
+                .copy_(torch::mm(scores, values[tile.head].narrow(0, 0, tile.visible))
+                           .view({s.group, tile.count, s.head_dim}));
+        }
+    });
+}
+
+// Backward's keys and values gather gradients from every block after them. Each kv head's
+// blocks are dealt to a fixed number of accumulators (every one alternating long and short
+// blocks), each filled in a fixed order by one task and summed in a fixed order at the end: the
+// same bits whatever the number of threads.
+constexpr int64_t accumulators_per_head = 4;
+
+template <typename T>
+void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
+                    const torch::Tensor& values, const torch::Tensor& log_sum_exp,
+                    const torch::Tensor& d_output, double scale, const Shapes& s,
+                    torch::Tensor& d_q, torch::Tensor& d_k, torch::Tensor& d_v) {
+    const auto tasks = balanced_tasks(s);
+    const int64_t per_head = s.blocks;  // balanced_tasks lists each head's blocks together
+    at::parallel_for(0, s.kv_heads * accumulators_per_head, 1, [&](int64_t first, int64_t end) {
+        for (int64_t job = first; job < end; ++job) {
+            const int64_t head = job / accumulators_per_head;
+            const int64_t slot = job % accumulators_per_head;
+            torch::Tensor d_k_slot = d_k[slot][head], d_v_slot = d_v[slot][head];
+            for (int64_t i = slot; i < per_head; i += accumulators_per_head) {
+                const Tile tile(s, tasks[static_cast<std::size_t>(head * per_head + i)]);
+                const torch::Tensor visible_keys = keys[head].narrow(0, 0, tile.visible);
+                const torch::Tensor visible_values = values[head].narrow(0, 0, tile.visible);
+                const torch::Tensor queries = tile.queries_of(grouped[head]);
+                const torch::Tensor d_out = tile.queries_of(d_output[head]);
+                // Recomputed probabilities and the scores' gradient, in place of the
+                // scores and of the probabilities' gradient.
+                torch::Tensor probabilities = torch::mm(queries, visible_keys.t());
+                torch::Tensor d_scores = torch::mm(d_out, visible_values.t());
+                T* p = pointer<T>(probabilities);
+                T* d = pointer<T>(d_scores);
+                const float* lse = pointer<float>(log_sum_exp[head]);
+                for (int64_t r = 0; r < tile.rows; ++r, p += tile.visible, d += tile.visible)
+                    softmax_backward_row(
+                        p, d, lse[(r / tile.count) * s.tokens + tile.begin + r % tile.count], p, d,
+                        tile.row_visible(r), tile.visible, static_cast<float>(scale));
+                d_v_slot.narrow(0, 0, tile.visible).add_(torch::mm(probabilities.t(), d_out));
+                d_q[head]
+                    .narrow(1, tile.begin, tile.count)
+                    .copy_(
+                        torch::mm(d_scores, visible_keys).view({s.group, tile.count, s.head_dim}));
+                d_k_slot.narrow(0, 0, tile.visible).add_(torch::mm(d_scores.t(), queries));
+            }
+        }
+    });
 }
 
 struct CausalAttention : torch::autograd::Function<CausalAttention> {
     static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& q,
                                  const torch::Tensor& k, const torch::Tensor& v, double scale) {
-        // The products run in the inputs' dtype (bf16's are ~3x faster here than float32's,
-        // and the general path rounded its scores to bf16 too), the softmax in float32.
         const torch::ScalarType dtype = q.scalar_type();
         const torch::Tensor qc = q.contiguous(), kc = k.to(dtype).contiguous(),
                             vc = v.to(dtype).contiguous();
@@ -115,28 +192,12 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
         torch::Tensor output = torch::empty_like(grouped);
         torch::Tensor log_sum_exp =
             torch::empty({s.kv_heads, s.group, s.tokens}, qc.options().dtype(torch::kFloat32));
-        const auto tasks = balanced_tasks(s);
         const SingleThreadedBlas blas;
-        at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t first, int64_t end) {
-            for (int64_t t = first; t < end; ++t) {
-                const auto [head, block] = tasks[static_cast<std::size_t>(t)];
-                const int64_t begin = block * query_block;
-                const int64_t count = std::min(query_block, s.tokens - begin);
-                torch::Tensor scores = tile_scores(grouped[head], kc[head], begin, count, scale);
-                const torch::Tensor row_max = std::get<0>(scores.max(1, true));
-                scores.sub_(row_max).exp_();
-                const torch::Tensor row_sum = scores.sum(1, true);
-                scores.div_(row_sum);
-                output[head]
-                    .narrow(1, begin, count)
-                    .copy_(torch::mm(scores.to(dtype), vc[head].narrow(0, 0, begin + count))
-                               .view({s.group, count, s.head_dim}));
-                log_sum_exp[head]
-                    .narrow(1, begin, count)
-                    .copy_((row_max + row_sum.log()).view({s.group, count}));
-            }
-        });
-        context->save_for_backward({qc, kc, vc, output, log_sum_exp});
+        if (dtype == torch::kBFloat16)
+            forward_tiles<uint16_t>(grouped, kc, vc, scale, s, output, log_sum_exp);
+        else
+            forward_tiles<float>(grouped, kc, vc, scale, s, output, log_sum_exp);
+        context->save_for_backward({qc, kc, vc, log_sum_exp});
         context->saved_data["scale"] = scale;
         context->saved_data["key_dtype"] = static_cast<int64_t>(k.scalar_type());
         context->saved_data["value_dtype"] = static_cast<int64_t>(v.scalar_type());
@@ -146,65 +207,34 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                    torch::autograd::variable_list gradients) {
         const auto saved = context->get_saved_variables();
-        const torch::Tensor &qc = saved[0], &kc = saved[1], &vc = saved[2], &output = saved[3],
-                            &log_sum_exp = saved[4];
+        const torch::Tensor &qc = saved[0], &kc = saved[1], &vc = saved[2], &log_sum_exp = saved[3];
         const double scale = context->saved_data["scale"].toDouble();
         const Shapes s = shapes_of(qc, kc);
         const torch::ScalarType dtype = qc.scalar_type();
         const torch::Tensor grouped = qc.view({s.kv_heads, s.group, s.tokens, s.head_dim});
         const torch::Tensor d_output =
             gradients[0].to(dtype).contiguous().view({s.kv_heads, s.group, s.tokens, s.head_dim});
-        // D_i = sum_j dO_ij O_ij: the softmax backward's row term, computed once.
-        const torch::Tensor row_dot =
-            (d_output.to(torch::kFloat32) * output.view_as(d_output).to(torch::kFloat32)).sum(-1);
         torch::Tensor d_q = torch::empty_like(grouped);
-        // Keys and values gather gradients from every block after them: one float32
-        // accumulator per thread, summed at the end. Deterministic for a given thread count;
-        // another count sums in another order (last bits of the gradients).
-        const int64_t threads = at::get_num_threads();
-        torch::Tensor d_k = torch::zeros({threads, s.kv_heads, s.tokens, s.head_dim},
+        torch::Tensor d_k = torch::zeros({accumulators_per_head, s.kv_heads, s.tokens, s.head_dim},
                                          qc.options().dtype(torch::kFloat32));
         torch::Tensor d_v = torch::zeros_like(d_k);
-        const auto tasks = balanced_tasks(s);
         const SingleThreadedBlas blas;
-        at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t first, int64_t end) {
-            const int64_t thread = at::get_thread_num();
-            for (int64_t t = first; t < end; ++t) {
-                const auto [head, block] = tasks[static_cast<std::size_t>(t)];
-                const int64_t begin = block * query_block;
-                const int64_t count = std::min(query_block, s.tokens - begin);
-                const int64_t visible = begin + count;
-                const int64_t rows = s.group * count;
-                torch::Tensor probabilities =
-                    tile_scores(grouped[head], kc[head], begin, count, scale);
-                probabilities.sub_(log_sum_exp[head].narrow(1, begin, count).reshape({rows, 1}))
-                    .exp_();
-                const torch::Tensor d_out =
-                    d_output[head].narrow(1, begin, count).reshape({rows, s.head_dim});
-                const torch::Tensor keys = kc[head].narrow(0, 0, visible);
-                const torch::Tensor values = vc[head].narrow(0, 0, visible);
-                d_v[thread][head]
-                    .narrow(0, 0, visible)
-                    .add_(torch::mm(probabilities.to(dtype).t(), d_out));
-                // dS = P * (dP - D), then the scale of the scores.
-                torch::Tensor d_scores = torch::mm(d_out, values.t()).to(torch::kFloat32);
-                d_scores.sub_((d_scores * probabilities).sum(1, true))
-                    .mul_(probabilities)
-                    .mul_(scale);
-                const torch::Tensor d_scores_c = d_scores.to(dtype);
-                d_q[head]
-                    .narrow(1, begin, count)
-                    .copy_(torch::mm(d_scores_c, keys).view({s.group, count, s.head_dim}));
-                const torch::Tensor queries =
-                    grouped[head].narrow(1, begin, count).reshape({rows, s.head_dim});
-                d_k[thread][head].narrow(0, 0, visible).add_(torch::mm(d_scores_c.t(), queries));
-            }
-        });
+        if (dtype == torch::kBFloat16)
+            backward_tiles<uint16_t>(grouped, kc, vc, log_sum_exp, d_output, scale, s, d_q, d_k,
+                                     d_v);
+        else
+            backward_tiles<float>(grouped, kc, vc, log_sum_exp, d_output, scale, s, d_q, d_k, d_v);
         const auto dtype_of = [&](const char* name) {
             return static_cast<torch::ScalarType>(context->saved_data[name].toInt());
         };
+        const auto in_order = [](const torch::Tensor& accumulators) {
+            torch::Tensor total = accumulators[0].clone();
+            for (int64_t slot = 1; slot < accumulators_per_head; ++slot)
+                total.add_(accumulators[slot]);
+            return total;
+        };
         return {d_q.view({s.query_heads, s.tokens, s.head_dim}),
-                d_k.sum(0).to(dtype_of("key_dtype")), d_v.sum(0).to(dtype_of("value_dtype")),
+                in_order(d_k).to(dtype_of("key_dtype")), in_order(d_v).to(dtype_of("value_dtype")),
                 torch::Tensor()};
     }
 };
@@ -213,6 +243,8 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
 
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, double scale) {
+    if (q.scalar_type() != torch::kFloat32 && q.scalar_type() != torch::kBFloat16)
+        throw std::invalid_argument("causal_self_attention: float32 or bf16 queries");
     return CausalAttention::apply(q, k, v, scale);
 }
 

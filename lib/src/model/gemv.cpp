@@ -1,5 +1,7 @@
 #include "kv/model/gemv.hpp"
 
+#include "isa.hpp"
+
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -15,21 +17,6 @@
 
 namespace kv {
 namespace {
-
-enum class Isa { portable, avx2, avx512, avx512_bf16 };
-
-Isa detect_isa() {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
-        // The dot-product instruction halves the work per bf16 weight.
-        if (__builtin_cpu_supports("avx512bf16")) return Isa::avx512_bf16;
-        return Isa::avx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
-    return Isa::portable;
-}
-
-const Isa isa = detect_isa();
 
 inline float bf16_to_float(uint16_t bits) {
     const uint32_t widened = static_cast<uint32_t>(bits) << 16;

@@ -329,6 +329,7 @@ bool is_trainable_self_attention(const torch::Tensor& q, const torch::Tensor& k,
         return false;
     // On an accelerator the general path's big batched products are the fast ones.
     if (!q.device().is_cpu()) return false;
+    if (q.scalar_type() != torch::kFloat32 && q.scalar_type() != torch::kBFloat16) return false;
     if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
     const int64_t tokens = q.size(1);
     if (tokens < 2 || k.size(1) != tokens || v.size(1) != tokens) return false;
