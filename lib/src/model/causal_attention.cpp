@@ -31,8 +31,9 @@ namespace {
 // heads at once rather than paying libtorch's per-call cost on many small tiles.
 constexpr int64_t tile_elements = int64_t{1} << 18;
 
+// `tokens` queries, the last of `keys` positions: query t sees keys 0 .. offset + t.
 struct Shapes {
-    int64_t query_heads, kv_heads, group, tokens, head_dim, block, blocks;
+    int64_t query_heads, kv_heads, group, tokens, keys, offset, head_dim, block, blocks;
 };
 
 Shapes shapes_of(const torch::Tensor& q, const torch::Tensor& k) {
@@ -41,8 +42,10 @@ Shapes shapes_of(const torch::Tensor& q, const torch::Tensor& k) {
     s.kv_heads = k.size(0);
     s.group = s.query_heads / s.kv_heads;
     s.tokens = q.size(1);
+    s.keys = k.size(1);
+    s.offset = s.keys - s.tokens;
     s.head_dim = q.size(2);
-    s.block = std::clamp<int64_t>(tile_elements / (s.group * s.tokens), 16, s.tokens);
+    s.block = std::clamp<int64_t>(tile_elements / (s.group * s.keys), 16, s.tokens);
     s.blocks = (s.tokens + s.block - 1) / s.block;
     return s;
 }
@@ -89,17 +92,18 @@ class SingleThreadedBlas {
 
 // One tile: the group's queries [begin, begin + count) of one kv head, every key up to the last
 // of them. Row r of the tile is query begin + r % count of group member r / count, and sees the
-// first begin + r % count + 1 keys.
+// first offset + begin + r % count + 1 keys.
 struct Tile {
-    int64_t head, begin, count, visible, rows;
+    int64_t head, begin, count, visible, rows, offset;
 
     Tile(const Shapes& s, std::pair<int64_t, int64_t> task)
         : head(task.first),
           begin(task.second * s.block),
           count(std::min(s.block, s.tokens - begin)),
-          visible(begin + count),
-          rows(s.group * count) {}
-    int64_t row_visible(int64_t row) const { return begin + row % count + 1; }
+          visible(s.offset + begin + count),
+          rows(s.group * count),
+          offset(s.offset) {}
+    int64_t row_visible(int64_t row) const { return offset + begin + row % count + 1; }
     // [group, T, D] of one head -> this tile's [rows, D].
     torch::Tensor queries_of(const torch::Tensor& grouped_head) const {
         return grouped_head.narrow(1, begin, count).reshape({rows, grouped_head.size(2)});
@@ -240,6 +244,30 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
 };
 
 }  // namespace
+
+torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, double scale) {
+    const torch::ScalarType dtype = q.scalar_type();
+    if ((dtype != torch::kFloat32 && dtype != torch::kBFloat16) || k.scalar_type() != dtype ||
+        v.scalar_type() != dtype)
+        throw std::invalid_argument("causal_attention_prefill: float32 or bf16, one dtype");
+    if (k.size(1) < q.size(1) || k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != k.size(2) ||
+        v.stride(1) != v.size(2))
+        throw std::invalid_argument("causal_attention_prefill: rows of each head contiguous");
+    torch::NoGradGuard no_grad;
+    const torch::Tensor qc = q.contiguous();
+    const Shapes s = shapes_of(qc, k);
+    const torch::Tensor grouped = qc.view({s.kv_heads, s.group, s.tokens, s.head_dim});
+    torch::Tensor output = torch::empty_like(grouped);
+    torch::Tensor log_sum_exp =
+        torch::empty({s.kv_heads, s.group, s.tokens}, qc.options().dtype(torch::kFloat32));
+    const SingleThreadedBlas blas;
+    if (dtype == torch::kBFloat16)
+        forward_tiles<uint16_t>(grouped, k, v, scale, s, output, log_sum_exp);
+    else
+        forward_tiles<float>(grouped, k, v, scale, s, output, log_sum_exp);
+    return output.view({s.query_heads, s.tokens, s.head_dim});
+}
 
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, double scale) {

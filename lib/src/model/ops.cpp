@@ -259,7 +259,7 @@ torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, con
         }
         return torch::cat(outputs, 1);
     }
-    // Long prefills and training sequences go by blocks of queries, so that no score tensor
+    // Long prefills with other masks go by blocks of queries, so that no score tensor
     // exceeds a few MB: above glibc's mmap threshold (32 MB at most) every temporary is a fresh
     // mapping whose pages fault on first touch, which made a 2,048-token training step 15x slower
     // than four 512-token ones.
@@ -341,11 +341,38 @@ bool is_trainable_self_attention(const torch::Tensor& q, const torch::Tensor& k,
         .item<bool>();
 }
 
+// A prefill's case: no gradients, the queries at the last keys' positions, plain causality over
+// increasing positions, float32 or bf16 rows contiguous per head in host memory.
+bool is_causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const AttentionMask& mask) {
+    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+        return false;
+    if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
+    const torch::ScalarType dtype = q.scalar_type();
+    if ((dtype != torch::kFloat32 && dtype != torch::kBFloat16) || k.scalar_type() != dtype ||
+        v.scalar_type() != dtype)
+        return false;
+    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
+    const int64_t tokens = q.size(1), keys = k.size(1), head_dim = k.size(2);
+    if (tokens < 2 || keys < tokens) return false;
+    if (k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != head_dim || v.stride(1) != head_dim)
+        return false;
+    const torch::Tensor key_positions = mask.key_positions;
+    if (!torch::equal(mask.query_positions, key_positions.narrow(0, keys - tokens, tokens)))
+        return false;
+    return (key_positions.narrow(0, 1, keys - 1) > key_positions.narrow(0, 0, keys - 1))
+        .all()
+        .item<bool>();
+}
+
 }  // namespace
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionMask& mask, double scale) {
     if (is_trainable_self_attention(q, k, v, mask)) return causal_self_attention(q, k, v, scale);
+    // A few queries after a long context keep the decoding kernel, query by query.
+    if (!use_per_query_decode(q, k, v, mask) && is_causal_prefill(q, k, v, mask))
+        return causal_attention_prefill(q, k, v, scale);
     return attention_part(q, k, v, mask, scale, true);
 }
 

@@ -330,9 +330,9 @@ torch::Tensor dense_causal_attention(const torch::Tensor& q, const torch::Tensor
 
 TEST_CASE("tiled causal self-attention and its gradients match float64 autograd",
           "[ops][attention]") {
-    // 600 tokens of 3 query heads per kv head: tiles of 145 queries (2^18 score elements), four
-    // whole and a partial one, per kv head.
-    const int64_t query_heads = 6, kv_heads = 2, head_dim = 16, tokens = 600;
+    // The demo model's head shapes (8 query heads over 2 kv heads of 32) at 1,100 tokens: tiles
+    // of 59 queries (2^18 score elements), 18 whole and a partial one, per kv head.
+    const int64_t query_heads = 8, kv_heads = 2, head_dim = 32, tokens = 1100;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
     const torch::Tensor q0 = random_tensor({query_heads, tokens, head_dim}, 20);
     const torch::Tensor k0 = random_tensor({kv_heads, tokens, head_dim}, 21);
@@ -429,6 +429,69 @@ TEST_CASE("tiled causal self-attention and its gradients match float64 autograd"
         const torch::Tensor general = attention(q0, k0, v0, mask, scale);
         CHECK(max_abs_difference(to_vector(trained), to_vector(general)) < 2e-5);
         CHECK(max_abs_difference(to_vector(trained), expected[0]) < 2e-5);
+    }
+}
+
+TEST_CASE("prefill attention by tiles: the last queries of a cache view, against float64",
+          "[ops][attention]") {
+    // 700 queries after 300 cached keys, in a [Hkv, capacity, D] buffer with room to spare (as
+    // a cache's views are): 1,000 keys, tiles of 87 queries for groups of 3.
+    const int64_t query_heads = 6, kv_heads = 2, head_dim = 16, cached = 300, tokens = 700;
+    const int64_t keys_count = cached + tokens, capacity = 1100;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+    const torch::Tensor q = random_tensor({query_heads, tokens, head_dim}, 50);
+    const torch::Tensor k_buffer = random_tensor({kv_heads, capacity, head_dim}, 51);
+    const torch::Tensor v_buffer = random_tensor({kv_heads, capacity, head_dim}, 52);
+    // Increasing positions with a gap, as a packed context has.
+    const torch::Tensor positions =
+        torch::cat({torch::arange(cached), torch::arange(cached + 40, keys_count + 40)});
+    const AttentionMask mask{positions.narrow(0, cached, tokens), positions, 0, {}, {}};
+    const auto expected = [&](const torch::Tensor& qq, const torch::Tensor& kk,
+                              const torch::Tensor& vv) {
+        const int64_t group = query_heads / kv_heads;
+        const torch::Tensor keys = kk.to(torch::kFloat64).repeat_interleave(group, 0);
+        const torch::Tensor values = vv.to(torch::kFloat64).repeat_interleave(group, 0);
+        const torch::Tensor later =
+            torch::ones({tokens, keys_count}, torch::kBool).triu(cached + 1);
+        const torch::Tensor scores = torch::matmul(qq.to(torch::kFloat64), keys.transpose(1, 2))
+                                         .mul(scale)
+                                         .masked_fill(later, -INFINITY);
+        return to_vector(torch::matmul(torch::softmax(scores, -1), values));
+    };
+    SECTION("float32, and attention() takes this path") {
+        const torch::Tensor k = k_buffer.narrow(1, 0, keys_count);
+        const torch::Tensor v = v_buffer.narrow(1, 0, keys_count);
+        const auto want = expected(q, k, v);
+        CHECK(max_abs_difference(to_vector(causal_attention_prefill(q, k, v, scale)), want) < 2e-5);
+        CHECK(max_abs_difference(to_vector(attention(q, k, v, mask, scale)), want) < 2e-5);
+    }
+    SECTION("bf16: as close to float64 as the general path") {
+        const torch::Tensor q16 = q.to(torch::kBFloat16);
+        const torch::Tensor k16 = k_buffer.to(torch::kBFloat16).narrow(1, 0, keys_count);
+        const torch::Tensor v16 = v_buffer.to(torch::kBFloat16).narrow(1, 0, keys_count);
+        const auto want = expected(q16, k16, v16);
+        const torch::Tensor got = causal_attention_prefill(q16, k16, v16, scale);
+        CHECK(got.scalar_type() == torch::kBFloat16);
+        // An `allow` of all true sends attention() down the general path.
+        const AttentionMask general_mask{mask.query_positions,
+                                         positions,
+                                         0,
+                                         torch::ones({tokens, keys_count}, torch::kBool),
+                                         {}};
+        const torch::Tensor general = attention(q16, k16, v16, general_mask, scale);
+        // Both round the scores and the probabilities to bf16 before their products: the same
+        // error, give or take the exponential's last bits and the order of sums.
+        const double general_error = max_abs_difference(to_vector(general), want);
+        const double tiled_error = max_abs_difference(to_vector(got), want);
+        INFO("tiled " << tiled_error << ", general " << general_error);
+        CHECK(general_error < 0.01);
+        CHECK(tiled_error <= 1.25 * general_error);
+    }
+    SECTION("what it refuses") {
+        CHECK_THROWS(causal_attention_prefill(q.to(torch::kFloat64), k_buffer.to(torch::kFloat64),
+                                              v_buffer.to(torch::kFloat64), scale));
+        CHECK_THROWS(causal_attention_prefill(q, k_buffer.narrow(1, 0, 100),
+                                              v_buffer.narrow(1, 0, 100), scale));
     }
 }
 

@@ -77,4 +77,12 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, double scale);
 
+/// The same tiles forward only, for prefills: q [Hq, T, D] the last T of S positions whose keys
+/// and values k, v [Hkv, S, D] hold (S >= T; one dtype, float32 or bf16; each head's rows
+/// contiguous, as cache views are): query t sees keys 0 .. S - T + t. attention() takes this
+/// path without gradients when the mask is plain causality over increasing positions and the
+/// queries are the last keys' positions.
+torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tensor& k,
+                                       const torch::Tensor& v, double scale);
+
 }  // namespace kv
