@@ -185,27 +185,35 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
     });
 }
 
+// The forward tiles over q [Hq, T, D] (contiguous) and k, v [Hkv, S, D] of q's dtype: the output
+// [Hq, T, D] and each row's log-sum-exp [Hkv, group, T].
+std::pair<torch::Tensor, torch::Tensor> forward_pass(const torch::Tensor& q, const torch::Tensor& k,
+                                                     const torch::Tensor& v, double scale) {
+    const Shapes s = shapes_of(q, k);
+    const torch::Tensor grouped = q.view({s.kv_heads, s.group, s.tokens, s.head_dim});
+    torch::Tensor output = torch::empty_like(grouped);
+    torch::Tensor log_sum_exp =
+        torch::empty({s.kv_heads, s.group, s.tokens}, q.options().dtype(torch::kFloat32));
+    const SingleThreadedBlas blas;
+    if (q.scalar_type() == torch::kBFloat16)
+        forward_tiles<uint16_t>(grouped, k, v, scale, s, output, log_sum_exp);
+    else
+        forward_tiles<float>(grouped, k, v, scale, s, output, log_sum_exp);
+    return {output.view({s.query_heads, s.tokens, s.head_dim}), log_sum_exp};
+}
+
 struct CausalAttention : torch::autograd::Function<CausalAttention> {
     static torch::Tensor forward(torch::autograd::AutogradContext* context, const torch::Tensor& q,
                                  const torch::Tensor& k, const torch::Tensor& v, double scale) {
         const torch::ScalarType dtype = q.scalar_type();
         const torch::Tensor qc = q.contiguous(), kc = k.to(dtype).contiguous(),
                             vc = v.to(dtype).contiguous();
-        const Shapes s = shapes_of(qc, kc);
-        const torch::Tensor grouped = qc.view({s.kv_heads, s.group, s.tokens, s.head_dim});
-        torch::Tensor output = torch::empty_like(grouped);
-        torch::Tensor log_sum_exp =
-            torch::empty({s.kv_heads, s.group, s.tokens}, qc.options().dtype(torch::kFloat32));
-        const SingleThreadedBlas blas;
-        if (dtype == torch::kBFloat16)
-            forward_tiles<uint16_t>(grouped, kc, vc, scale, s, output, log_sum_exp);
-        else
-            forward_tiles<float>(grouped, kc, vc, scale, s, output, log_sum_exp);
+        auto [output, log_sum_exp] = forward_pass(qc, kc, vc, scale);
         context->save_for_backward({qc, kc, vc, log_sum_exp});
         context->saved_data["scale"] = scale;
         context->saved_data["key_dtype"] = static_cast<int64_t>(k.scalar_type());
         context->saved_data["value_dtype"] = static_cast<int64_t>(v.scalar_type());
-        return output.view({s.query_heads, s.tokens, s.head_dim});
+        return output;
     }
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
@@ -255,18 +263,7 @@ torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tens
         v.stride(1) != v.size(2))
         throw std::invalid_argument("causal_attention_prefill: rows of each head contiguous");
     torch::NoGradGuard no_grad;
-    const torch::Tensor qc = q.contiguous();
-    const Shapes s = shapes_of(qc, k);
-    const torch::Tensor grouped = qc.view({s.kv_heads, s.group, s.tokens, s.head_dim});
-    torch::Tensor output = torch::empty_like(grouped);
-    torch::Tensor log_sum_exp =
-        torch::empty({s.kv_heads, s.group, s.tokens}, qc.options().dtype(torch::kFloat32));
-    const SingleThreadedBlas blas;
-    if (dtype == torch::kBFloat16)
-        forward_tiles<uint16_t>(grouped, k, v, scale, s, output, log_sum_exp);
-    else
-        forward_tiles<float>(grouped, k, v, scale, s, output, log_sum_exp);
-    return output.view({s.query_heads, s.tokens, s.head_dim});
+    return forward_pass(q.contiguous(), k, v, scale).first;
 }
 
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
