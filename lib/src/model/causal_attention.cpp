@@ -90,9 +90,15 @@ class SingleThreadedBlas {
     int previous_ = 1;
 };
 
+// Tiles read keys in multiples of this (the last ones masked like later keys): oneDNN compiles
+// a kernel per product shape and keeps 1,024, and a prefill layer by layer over 16k tokens in
+// 512-token chunks asked for ~2,000 shapes per layer, recompiling most (--document 1.5x slower
+// than --prompt-file, perf: oneDNN's JIT and fresh pages).
+constexpr int64_t key_granule = 128;
+
 // One tile: the group's queries [begin, begin + count) of one kv head, every key up to the last
-// of them. Row r of the tile is query begin + r % count of group member r / count, and sees the
-// first offset + begin + r % count + 1 keys.
+// of them (rounded up to key_granule, within the keys there are). Row r of the tile is query begin
+// + r % count of group member r / count, and sees the first offset + begin + r % count + 1 keys.
 struct Tile {
     int64_t head, begin, count, visible, rows, offset;
 
@@ -100,7 +106,8 @@ struct Tile {
         : head(task.first),
           begin(task.second * s.block),
           count(std::min(s.block, s.tokens - begin)),
-          visible(s.offset + begin + count),
+          visible(std::min(
+              s.keys, (s.offset + begin + count + key_granule - 1) / key_granule * key_granule)),
           rows(s.group * count),
           offset(s.offset) {}
     int64_t row_visible(int64_t row) const { return offset + begin + row % count + 1; }
