@@ -1,11 +1,11 @@
 #include "kv/model/attention_rows.hpp"
 
+#include "../float_convert.hpp"
 #include "isa.hpp"
 
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -20,20 +20,13 @@ inline float load_scalar(const float* p) {
     return *p;
 }
 inline float load_scalar(const uint16_t* p) {
-    const uint32_t widened = static_cast<uint32_t>(*p) << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof value);
-    return value;
+    return bf16_to_float(*p);
 }
 inline void store_scalar(float* p, float value) {
     *p = value;
 }
-// Round to nearest even, as libtorch converts (no NaN reaches here: every input is finite).
 inline void store_scalar(uint16_t* p, float value) {
-    uint32_t bits;
-    std::memcpy(&bits, &value, sizeof bits);
-    bits += 0x7FFFu + ((bits >> 16) & 1u);
-    *p = static_cast<uint16_t>(bits >> 16);
+    *p = float_to_bf16(value);
 }
 
 // A row's working copy in float32: one per thread, reused.

@@ -111,6 +111,10 @@ struct Tile {
           rows(s.group * count),
           offset(s.offset) {}
     int64_t row_visible(int64_t row) const { return offset + begin + row % count + 1; }
+    // Row r's place in a head's [group, tokens] log-sum-exp.
+    int64_t lse_index(int64_t row, int64_t tokens) const {
+        return (row / count) * tokens + begin + row % count;
+    }
     // [group, T, D] of one head -> this tile's [rows, D].
     torch::Tensor queries_of(const torch::Tensor& grouped_head) const {
         return grouped_head.narrow(1, begin, count).reshape({rows, grouped_head.size(2)});
@@ -136,7 +140,7 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
             T* row = pointer<T>(scores);
             float* lse = pointer<float>(log_sum_exp[tile.head]);
             for (int64_t r = 0; r < tile.rows; ++r, row += tile.visible)
-                lse[(r / tile.count) * s.tokens + tile.begin + r % tile.count] = softmax_row(
+                lse[tile.lse_index(r, s.tokens)] = softmax_row(
                     row, row, tile.row_visible(r), tile.visible, static_cast<float>(scale));
             output[tile.head]
                 .narrow(1, tile.begin, tile.count)
@@ -178,9 +182,9 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                 T* d = pointer<T>(d_scores);
                 const float* lse = pointer<float>(log_sum_exp[head]);
                 for (int64_t r = 0; r < tile.rows; ++r, p += tile.visible, d += tile.visible)
-                    softmax_backward_row(
-                        p, d, lse[(r / tile.count) * s.tokens + tile.begin + r % tile.count], p, d,
-                        tile.row_visible(r), tile.visible, static_cast<float>(scale));
+                    softmax_backward_row(p, d, lse[tile.lse_index(r, s.tokens)], p, d,
+                                         tile.row_visible(r), tile.visible,
+                                         static_cast<float>(scale));
                 d_v_slot.narrow(0, 0, tile.visible).add_(torch::mm(probabilities.t(), d_out));
                 d_q[head]
                     .narrow(1, tile.begin, tile.count)
@@ -260,15 +264,21 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
 
 }  // namespace
 
+bool causal_attention_prefill_takes(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v) {
+    const torch::ScalarType dtype = q.scalar_type();
+    return (dtype == torch::kFloat32 || dtype == torch::kBFloat16) && k.scalar_type() == dtype &&
+           v.scalar_type() == dtype && k.size(1) >= q.size(1) && v.size(1) == k.size(1) &&
+           k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == k.size(2) &&
+           v.stride(1) == v.size(2);
+}
+
 torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, double scale) {
-    const torch::ScalarType dtype = q.scalar_type();
-    if ((dtype != torch::kFloat32 && dtype != torch::kBFloat16) || k.scalar_type() != dtype ||
-        v.scalar_type() != dtype)
-        throw std::invalid_argument("causal_attention_prefill: float32 or bf16, one dtype");
-    if (k.size(1) < q.size(1) || k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != k.size(2) ||
-        v.stride(1) != v.size(2))
-        throw std::invalid_argument("causal_attention_prefill: rows of each head contiguous");
+    if (!causal_attention_prefill_takes(q, k, v))
+        throw std::invalid_argument(
+            "causal_attention_prefill: float32 or bf16 of one dtype, at least as many keys as "
+            "queries, the rows of each head contiguous");
     torch::NoGradGuard no_grad;
     return forward_pass(q.contiguous(), k, v, scale).first;
 }

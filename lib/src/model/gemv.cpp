@@ -1,5 +1,6 @@
 #include "kv/model/gemv.hpp"
 
+#include "../float_convert.hpp"
 #include "isa.hpp"
 
 #include <ATen/Parallel.h>
@@ -17,13 +18,6 @@
 
 namespace kv {
 namespace {
-
-inline float bf16_to_float(uint16_t bits) {
-    const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof value);
-    return value;
-}
 
 inline float as_float(float value) {
     return value;

@@ -325,45 +325,18 @@ torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, con
 
 namespace {
 
-// Training's case: gradients wanted, every query of a sequence over the same sequence's keys,
-// causal by position with positions increasing (so causal by index), nothing else masked.
-bool is_trainable_self_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                 const torch::Tensor& v, const AttentionMask& mask) {
-    if (!at::GradMode::is_enabled() ||
-        !(q.requires_grad() || k.requires_grad() || v.requires_grad()))
-        return false;
+// Plain causality over increasing positions with the queries at the last keys' positions (query
+// t sees keys 0 .. S - T + t), float32 or bf16 in host memory: what the tiled kernels compute.
+bool is_causal_tail(const torch::Tensor& q, const torch::Tensor& k, const AttentionMask& mask) {
     // On an accelerator the general path's big batched products are the fast ones.
-    if (!q.device().is_cpu()) return false;
+    if (!q.device().is_cpu() || !k.device().is_cpu()) return false;
     if (q.scalar_type() != torch::kFloat32 && q.scalar_type() != torch::kBFloat16) return false;
     if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
-    const int64_t tokens = q.size(1);
-    if (tokens < 2 || k.size(1) != tokens || v.size(1) != tokens) return false;
-    const torch::Tensor positions = mask.query_positions;
-    if (!positions.is_same(mask.key_positions) && !torch::equal(positions, mask.key_positions))
-        return false;
-    return (positions.narrow(0, 1, tokens - 1) > positions.narrow(0, 0, tokens - 1))
-        .all()
-        .item<bool>();
-}
-
-// A prefill's case: no gradients, the queries at the last keys' positions, plain causality over
-// increasing positions, float32 or bf16 rows contiguous per head in host memory.
-bool is_causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const AttentionMask& mask) {
-    if (at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()))
-        return false;
-    if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
-    const torch::ScalarType dtype = q.scalar_type();
-    if ((dtype != torch::kFloat32 && dtype != torch::kBFloat16) || k.scalar_type() != dtype ||
-        v.scalar_type() != dtype)
-        return false;
-    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
-    const int64_t tokens = q.size(1), keys = k.size(1), head_dim = k.size(2);
+    const int64_t tokens = q.size(1), keys = k.size(1);
     if (tokens < 2 || keys < tokens) return false;
-    if (k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != head_dim || v.stride(1) != head_dim)
-        return false;
     const torch::Tensor key_positions = mask.key_positions;
-    if (!torch::equal(mask.query_positions, key_positions.narrow(0, keys - tokens, tokens)))
+    if (!mask.query_positions.is_same(key_positions) &&
+        !torch::equal(mask.query_positions, key_positions.narrow(0, keys - tokens, tokens)))
         return false;
     return (key_positions.narrow(0, 1, keys - 1) > key_positions.narrow(0, 0, keys - 1))
         .all()
@@ -374,10 +347,16 @@ bool is_causal_prefill(const torch::Tensor& q, const torch::Tensor& k, const tor
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const AttentionMask& mask, double scale) {
-    if (is_trainable_self_attention(q, k, v, mask)) return causal_self_attention(q, k, v, scale);
-    // A few queries after a long context keep the decoding kernel, query by query.
-    if (!use_per_query_decode(q, k, v, mask) && is_causal_prefill(q, k, v, mask))
+    if (at::GradMode::is_enabled() &&
+        (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+        // Training: a sequence's queries over the same sequence's keys.
+        if (k.size(1) == q.size(1) && v.size(1) == q.size(1) && is_causal_tail(q, k, mask))
+            return causal_self_attention(q, k, v, scale);
+    } else if (causal_attention_prefill_takes(q, k, v) && is_causal_tail(q, k, mask) &&
+               !use_per_query_decode(q, k, v, mask)) {
+        // A prefill; a few queries after a long context keep the decoding kernel, query by query.
         return causal_attention_prefill(q, k, v, scale);
+    }
     return attention_part(q, k, v, mask, scale, true);
 }
 

@@ -70,10 +70,10 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                         const AttentionMask& mask, double scale);
 
 /// Causal self-attention by index (query i sees keys 0..i) with gradients, for training: q [Hq,
-/// T, D], k and v [Hkv, T, D]; float32 inside, q's dtype out. Computed by tiles that keep only
-/// the output and each row's log-sum-exp, backward recomputing the probabilities, so that no
-/// [T, T] tensor is ever stored. attention() takes this path when gradients are wanted and the
-/// mask is plain causality over increasing positions.
+/// T, D], k and v [Hkv, T, D]; products in q's dtype, softmax in float32, q's dtype out. Computed
+/// by tiles that keep only the output and each row's log-sum-exp, backward recomputing the
+/// probabilities, so that no [T, T] tensor is ever stored. attention() takes this path when
+/// gradients are wanted and the mask is plain causality over increasing positions.
 torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v, double scale);
 
@@ -84,5 +84,9 @@ torch::Tensor causal_self_attention(const torch::Tensor& q, const torch::Tensor&
 /// queries are the last keys' positions.
 torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tensor& k,
                                        const torch::Tensor& v, double scale);
+/// Whether causal_attention_prefill takes these tensors (dtype, sizes and layout; it throws
+/// std::invalid_argument otherwise).
+bool causal_attention_prefill_takes(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v);
 
 }  // namespace kv
