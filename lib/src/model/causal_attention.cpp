@@ -132,6 +132,10 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                    torch::Tensor& output, torch::Tensor& log_sum_exp) {
     const auto tasks = balanced_tasks(s);
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t first, int64_t end) {
+        // Grad mode is per thread and on in OpenMP's workers: the tiles' products there would
+        // record a graph, and copying them into the output made it a leaf that requires grad
+        // (an error from the second copy, depending on which thread ran which tile).
+        const torch::NoGradGuard no_grad;
         for (int64_t t = first; t < end; ++t) {
             const Tile tile(s, tasks[static_cast<std::size_t>(t)]);
             const torch::Tensor visible_keys = keys[tile.head].narrow(0, 0, tile.visible);
@@ -164,6 +168,7 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
     const auto tasks = balanced_tasks(s);
     const int64_t per_head = s.blocks;  // balanced_tasks lists each head's blocks together
     at::parallel_for(0, s.kv_heads * accumulators_per_head, 1, [&](int64_t first, int64_t end) {
+        const torch::NoGradGuard no_grad;  // as in forward_tiles
         for (int64_t job = first; job < end; ++job) {
             const int64_t head = job / accumulators_per_head;
             const int64_t slot = job % accumulators_per_head;
