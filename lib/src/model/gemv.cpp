@@ -350,6 +350,19 @@ void accumulate_rows_f32(const float* rows, const float* weights, float* out, in
                          int64_t columns) {
     accumulate_rows(rows, weights, out, count, columns);
 }
+void dot_rows(StoredRows rows, const float* x, float* y, int64_t count, int64_t columns) {
+    if (rows.bf16)
+        dot_rows_bf16(static_cast<const uint16_t*>(rows.data), x, y, count, columns);
+    else
+        dot_rows_f32(static_cast<const float*>(rows.data), x, y, count, columns);
+}
+void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t count,
+                     int64_t columns) {
+    if (rows.bf16)
+        accumulate_rows_bf16(static_cast<const uint16_t*>(rows.data), weights, out, count, columns);
+    else
+        accumulate_rows_f32(static_cast<const float*>(rows.data), weights, out, count, columns);
+}
 
 const char* gemv_isa() {
     switch (isa) {

@@ -218,20 +218,10 @@ torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
             for (int64_t member = 0; member < group; ++member) {
                 const int64_t query_head = head * group + member;
                 const float* query = query_data + query_head * head_dim;
-                if (bf16)
-                    dot_rows_bf16(reinterpret_cast<const uint16_t*>(key_rows), query, scores.data(),
-                                  keys, head_dim);
-                else
-                    dot_rows_f32(reinterpret_cast<const float*>(key_rows), query, scores.data(),
-                                 keys, head_dim);
+                dot_rows({key_rows, bf16}, query, scores.data(), keys, head_dim);
                 softmax_scaled_in_place(scores.data(), keys, static_cast<float>(scale));
-                float* out = output_data + query_head * head_dim;
-                if (bf16)
-                    accumulate_rows_bf16(reinterpret_cast<const uint16_t*>(value_rows),
-                                         scores.data(), out, keys, head_dim);
-                else
-                    accumulate_rows_f32(reinterpret_cast<const float*>(value_rows), scores.data(),
-                                        out, keys, head_dim);
+                accumulate_rows({value_rows, bf16}, scores.data(),
+                                output_data + query_head * head_dim, keys, head_dim);
             }
         }
     });

@@ -840,11 +840,8 @@ torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& ca
                 for (int64_t member = 0; member < group; ++member) {
                     const float* query = q.data_ptr<float>() + (head * group + member) * dim;
                     float* row_scores = scores.data() + member * total + first;
-                    if (k.scalar_type() == torch::kBFloat16)
-                        dot_rows_bf16(static_cast<const uint16_t*>(k.data_ptr()), query, row_scores,
-                                      count, dim);
-                    else
-                        dot_rows_f32(k.data_ptr<float>(), query, row_scores, count, dim);
+                    dot_rows({k.data_ptr(), k.scalar_type() == torch::kBFloat16}, query, row_scores,
+                             count, dim);
                 }
             }
             for (int64_t member = 0; member < group; ++member)
@@ -856,11 +853,8 @@ torch::Tensor attention_streamed(const torch::Tensor& queries, const KvCache& ca
                 for (int64_t member = 0; member < group; ++member) {
                     const float* weights = scores.data() + member * total + first;
                     float* acc = out.data_ptr<float>() + (head * group + member) * dim;
-                    if (v.scalar_type() == torch::kBFloat16)
-                        accumulate_rows_bf16(static_cast<const uint16_t*>(v.data_ptr()), weights,
-                                             acc, count, dim);
-                    else
-                        accumulate_rows_f32(v.data_ptr<float>(), weights, acc, count, dim);
+                    accumulate_rows({v.data_ptr(), v.scalar_type() == torch::kBFloat16}, weights,
+                                    acc, count, dim);
                 }
             }
         }

@@ -23,6 +23,14 @@ void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out
                           int64_t columns);
 void accumulate_rows_f32(const float* rows, const float* weights, float* out, int64_t count,
                          int64_t columns);
+/// The same over rows in a cache's storage type, bf16 (raw bits) or f32, read as they are.
+struct StoredRows {
+    const void* data;
+    bool bf16;
+};
+void dot_rows(StoredRows rows, const float* x, float* y, int64_t count, int64_t columns);
+void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t count,
+                     int64_t columns);
 /// scores[n] = softmax(scale * scores)[n] for n < count, in place: the maximum in float, the
 /// exponentials in float, their sum in double. One-token attention in memory and streamed from
 /// disk both use it, so that the two give the same bits.
