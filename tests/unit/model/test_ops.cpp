@@ -326,6 +326,30 @@ torch::Tensor dense_causal_attention(const torch::Tensor& q, const torch::Tensor
     return torch::matmul(torch::softmax(scores, -1), values);
 }
 
+// Causal attention of bf16 copies of q, k, v by the tiled kernel or by the general path (an
+// `allow` of all true sends attention() there), and the gradients of (out * upstream).sum():
+// out, dq, dk, dv in float64, after checking that they kept bf16.
+std::vector<torch::Tensor> bf16_attention_and_gradients(const torch::Tensor& q0,
+                                                        const torch::Tensor& k0,
+                                                        const torch::Tensor& v0,
+                                                        const torch::Tensor& upstream, double scale,
+                                                        bool tiled) {
+    const int64_t tokens = q0.size(1);
+    const torch::Tensor positions = torch::arange(tokens);
+    const AttentionMask general_mask{
+        positions, positions, 0, torch::ones({tokens, tokens}, torch::kBool), {}};
+    torch::Tensor q = q0.to(torch::kBFloat16).requires_grad_(),
+                  k = k0.to(torch::kBFloat16).requires_grad_(),
+                  v = v0.to(torch::kBFloat16).requires_grad_();
+    const torch::Tensor out =
+        tiled ? causal_self_attention(q, k, v, scale) : attention(q, k, v, general_mask, scale);
+    CHECK(out.scalar_type() == torch::kBFloat16);
+    (out.to(torch::kFloat64) * upstream.to(torch::kFloat64)).sum().backward();
+    CHECK(k.grad().scalar_type() == torch::kBFloat16);
+    return {out.detach().to(torch::kFloat64), q.grad().to(torch::kFloat64),
+            k.grad().to(torch::kFloat64), v.grad().to(torch::kFloat64)};
+}
+
 }  // namespace
 
 TEST_CASE("tiled causal self-attention and its gradients match float64 autograd",
@@ -362,21 +386,13 @@ TEST_CASE("tiled causal self-attention and its gradients match float64 autograd"
     }
     SECTION("bf16: no further from float64 than the general path's bf16 attention") {
         // The products in bf16, as the general path computes them (its scores are rounded to
-        // bf16 too); an `allow` of all true sends attention() down the general path.
-        const torch::Tensor positions = torch::arange(tokens);
-        const AttentionMask general_mask{
-            positions, positions, 0, torch::ones({tokens, tokens}, torch::kBool), {}};
+        // bf16 too).
         const auto run = [&](bool tiled) {
-            torch::Tensor q = q0.to(torch::kBFloat16).requires_grad_(),
-                          k = k0.to(torch::kBFloat16).requires_grad_(),
-                          v = v0.to(torch::kBFloat16).requires_grad_();
-            const torch::Tensor out = tiled ? causal_self_attention(q, k, v, scale)
-                                            : attention(q, k, v, general_mask, scale);
-            CHECK(out.scalar_type() == torch::kBFloat16);
-            (out.to(torch::kFloat64) * upstream.to(torch::kFloat64)).sum().backward();
-            CHECK(k.grad().scalar_type() == torch::kBFloat16);
-            return std::vector<std::vector<double>>{to_vector(out), to_vector(q.grad()),
-                                                    to_vector(k.grad()), to_vector(v.grad())};
+            std::vector<std::vector<double>> results;
+            for (const torch::Tensor& result :
+                 bf16_attention_and_gradients(q0, k0, v0, upstream, scale, tiled))
+                results.push_back(to_vector(result));
+            return results;
         };
         const auto tiled = run(true), general = run(false);
         for (int i = 0; i < 4; ++i) {
@@ -702,26 +718,13 @@ TEST_CASE("tiled bf16 attention agrees with the general path under peaked attent
     // the same products, so they must agree with each other much more closely than with float64.
     const int64_t query_heads = 8, kv_heads = 2, head_dim = 32, tokens = 256;
     const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
-    const torch::Tensor positions = torch::arange(tokens);
-    const AttentionMask general_mask{
-        positions, positions, 0, torch::ones({tokens, tokens}, torch::kBool), {}};
     const torch::Tensor upstream = random_tensor({query_heads, tokens, head_dim}, 23);
     for (double sharpness : {1.0, 3.0, 6.0}) {
         const torch::Tensor q0 = random_tensor({query_heads, tokens, head_dim}, 20) * sharpness;
         const torch::Tensor k0 = random_tensor({kv_heads, tokens, head_dim}, 21) * sharpness;
         const torch::Tensor v0 = random_tensor({kv_heads, tokens, head_dim}, 22);
-        const auto run = [&](bool tiled) {
-            torch::Tensor q = q0.to(torch::kBFloat16).requires_grad_(),
-                          k = k0.to(torch::kBFloat16).requires_grad_(),
-                          v = v0.to(torch::kBFloat16).requires_grad_();
-            const torch::Tensor out = tiled ? causal_self_attention(q, k, v, scale)
-                                            : attention(q, k, v, general_mask, scale);
-            (out.to(torch::kFloat64) * upstream.to(torch::kFloat64)).sum().backward();
-            return std::vector<torch::Tensor>{
-                out.detach().to(torch::kFloat64), q.grad().to(torch::kFloat64),
-                k.grad().to(torch::kFloat64), v.grad().to(torch::kFloat64)};
-        };
-        const auto tiled = run(true), general = run(false);
+        const auto tiled = bf16_attention_and_gradients(q0, k0, v0, upstream, scale, true);
+        const auto general = bf16_attention_and_gradients(q0, k0, v0, upstream, scale, false);
         const char* names[] = {"output", "dq", "dk", "dv"};
         for (std::size_t i = 0; i < 4; ++i) {
             INFO("sharpness " << sharpness << ", " << names[i]);
