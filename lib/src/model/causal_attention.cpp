@@ -274,8 +274,11 @@ bool causal_attention_prefill_takes(const torch::Tensor& q, const torch::Tensor&
     const torch::ScalarType dtype = q.scalar_type();
     return (dtype == torch::kFloat32 || dtype == torch::kBFloat16) && k.scalar_type() == dtype &&
            v.scalar_type() == dtype && k.size(1) >= q.size(1) && v.size(1) == k.size(1) &&
-           k.stride(2) == 1 && v.stride(2) == 1 && k.stride(1) == k.size(2) &&
-           v.stride(1) == v.size(2);
+           head_rows_contiguous(k) && head_rows_contiguous(v);
+}
+
+bool head_rows_contiguous(const torch::Tensor& rows) {
+    return rows.stride(2) == 1 && rows.stride(1) == rows.size(2);
 }
 
 torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tensor& k,

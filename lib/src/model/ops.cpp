@@ -158,10 +158,7 @@ bool decode_kernel_fits(const torch::Tensor& q, const torch::Tensor& k, const to
     if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
     if (k.scalar_type() != v.scalar_type()) return false;
     if (k.scalar_type() != torch::kFloat32 && k.scalar_type() != torch::kBFloat16) return false;
-    // Rows of one head must be contiguous: [Hkv, S, D] views of a [Hkv, capacity, D] buffer.
-    const int64_t head_dim = k.size(2);
-    if (k.stride(2) != 1 || v.stride(2) != 1 || k.stride(1) != head_dim || v.stride(1) != head_dim)
-        return false;
+    if (!head_rows_contiguous(k) || !head_rows_contiguous(v)) return false;
     return !at::GradMode::is_enabled() ||
            (!q.requires_grad() && !k.requires_grad() && !v.requires_grad());
 }
@@ -180,11 +177,17 @@ bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const tor
 // cache kvtools assembles; checked here), those are a prefix of the slots.
 constexpr int64_t max_queries_per_query_decode = 64;
 
+// The shape and layout part of use_per_query_decode, for callers that know the key positions
+// increase.
+bool per_query_decode_fits(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const AttentionMask& mask) {
+    return q.size(1) >= 2 && q.size(1) <= max_queries_per_query_decode && k.size(1) >= 1024 &&
+           decode_kernel_fits(q, k, v, mask);
+}
+
 bool use_per_query_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const AttentionMask& mask) {
-    if (q.size(1) < 2 || q.size(1) > max_queries_per_query_decode || k.size(1) < 1024 ||
-        !decode_kernel_fits(q, k, v, mask))
-        return false;
+    if (!per_query_decode_fits(q, k, v, mask)) return false;
     const torch::Tensor positions = mask.key_positions;
     return positions.size(0) < 2 || (positions.narrow(0, 1, positions.size(0) - 1) >=
                                      positions.narrow(0, 0, positions.size(0) - 1))
@@ -343,8 +346,9 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
         if (k.size(1) == q.size(1) && v.size(1) == q.size(1) && is_causal_tail(q, k, mask))
             return causal_self_attention(q, k, v, scale);
     } else if (causal_attention_prefill_takes(q, k, v) && is_causal_tail(q, k, mask) &&
-               !use_per_query_decode(q, k, v, mask)) {
-        // A prefill; a few queries after a long context keep the decoding kernel, query by query.
+               !per_query_decode_fits(q, k, v, mask)) {
+        // A prefill; a few queries after a long context keep the decoding kernel, query by query
+        // (is_causal_tail has checked the key positions increase, as that path needs).
         return causal_attention_prefill(q, k, v, scale);
     }
     return attention_part(q, k, v, mask, scale, true);

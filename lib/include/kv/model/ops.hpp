@@ -88,5 +88,8 @@ torch::Tensor causal_attention_prefill(const torch::Tensor& q, const torch::Tens
 /// std::invalid_argument otherwise).
 bool causal_attention_prefill_takes(const torch::Tensor& q, const torch::Tensor& k,
                                     const torch::Tensor& v);
+/// Whether the rows of each head of `rows` [H, S, D] are contiguous, as in a [H, capacity, D]
+/// cache buffer viewed to S slots: what the tiled and the decoding kernels read.
+bool head_rows_contiguous(const torch::Tensor& rows);
 
 }  // namespace kv
