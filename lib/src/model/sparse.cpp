@@ -64,6 +64,17 @@ const float* row_of(const torch::Tensor& rows, int64_t r) {
     return rows.data_ptr<float>() + r * rows.size(1);
 }
 
+// fn(head) for every kv head, the heads spread over the compute threads: a step's choices are
+// independent per head (each writes its own rows and plane state). at::parallel_for rethrows
+// the first failure (a read of an offloaded cache).
+template <typename Fn>
+void for_each_head(int64_t kv_heads, Fn&& fn) {
+    at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t head = begin; head < end; ++head)
+            fn(head);
+    });
+}
+
 // The best `count` of `scores` (indices), best first.
 std::vector<int64_t> best_indices(const std::vector<float>& scores, int64_t count) {
     std::vector<int64_t> order(scores.size());
@@ -501,7 +512,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         const int64_t page = options_.page_size;
         // Chunks of whole pages, so that each page is summarised from one chunk.
         const int64_t chunk = std::max<int64_t>(1, key_chunk_rows / page) * page;
-        for (int64_t head = 0; head < kv_heads; ++head) {
+        for_each_head(kv_heads, [&](int64_t head) {
             const auto plane = static_cast<std::size_t>(layer * kv_heads + head);
             std::vector<float>& mins = s.page_min[plane];
             std::vector<float>& maxs = s.page_max[plane];
@@ -547,7 +558,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
                 }
             }
             resident(chosen, window_start);
-        }
+        });
     } else if (options_.method == SparseMethod::h2o) {
         const int64_t recent = options_.budget / 2;
         for (int64_t head = 0; head < kv_heads; ++head) {
@@ -631,7 +642,10 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
                 s.segments[g].delta != 0
                     ? s.rope.shift(q.unsqueeze(1), -s.segments[g].delta).squeeze(1).contiguous()
                     : q;
-        for (int64_t head = 0; head < kv_heads; ++head) {
+        // The kv heads' queries are independent: one head per task, each counting its own dot
+        // products.
+        std::vector<int64_t> dot_products(static_cast<std::size_t>(kv_heads), 0);
+        for_each_head(kv_heads, [&](int64_t head) {
             auto& chosen = rows[static_cast<std::size_t>(head)];
             for (int64_t member = 0; member < group; ++member) {
                 struct Found {
@@ -647,7 +661,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
                     const float* query =
                         shifted[g].data_ptr<float>() + (head * group + member) * dim;
                     const DciQueryResult result = index->query(query, query_options);
-                    stats_.index_dot_products += result.dot_products;
+                    dot_products[static_cast<std::size_t>(head)] += result.dot_products;
                     for (std::size_t i = 0; i < result.pages.size(); ++i)
                         found.push_back({result.page_scores[i], g, result.pages[i]});
                 }
@@ -664,7 +678,9 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
                 }
             }
             resident(chosen, window_start);
-        }
+        });
+        for (int64_t count : dot_products)
+            stats_.index_dot_products += count;
     }
     s.last_rows[layer_slot] = rows;
     stats_.select_seconds += since(started);
