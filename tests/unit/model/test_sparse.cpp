@@ -9,6 +9,7 @@
 #include "kv/model/sparse.hpp"
 #include "random_model.hpp"
 
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -393,6 +394,44 @@ TEST_CASE("every method chooses from a cache on disk as from one in memory", "[s
         CHECK(from_disk[m]->stats().recall_sum == from_memory[m]->stats().recall_sum);
         CHECK(from_disk[m]->stats().recall_count == from_memory[m]->stats().recall_count);
     }
+}
+
+TEST_CASE("the kv heads' choices do not depend on how many threads make them", "[sparse]") {
+    // IceCache and Quest choose each kv head's rows on its own thread: one thread and several
+    // must choose the same rows and count the same index dot products.
+    torch::NoGradGuard no_grad;
+    const ModelConfig config = sparse_config(1);
+    const Rope rope(config);
+    const int64_t total = 3000;
+    KvCache cache(1, kv_heads, dim, torch::kFloat32, torch::kCPU);
+    cache.append({clustered_keys(total, 41)}, {torch::randn({kv_heads, total, dim})},
+                 torch::arange(total, torch::kInt64));
+    const int threads = at::get_num_threads();
+    for (SparseMethod method : {SparseMethod::icecache, SparseMethod::quest}) {
+        CAPTURE(sparse_method_name(method));
+        SparseOptions options;
+        options.method = method;
+        options.budget = 64;
+        options.dense_layers = 0;
+        SparseAttention serial(config, rope, options), parallel(config, rope, options);
+        at::set_num_threads(1);
+        serial.prepare(cache);
+        at::set_num_threads(std::max(2, threads));
+        parallel.prepare(cache);
+        torch::manual_seed(43);
+        for (int step = 0; step < 4; ++step) {
+            const torch::Tensor queries = torch::randn({query_heads, 1, dim});
+            std::vector<std::vector<int64_t>> one, many;
+            at::set_num_threads(1);
+            REQUIRE(serial.select(0, queries, cache.keys(0), one));
+            at::set_num_threads(std::max(2, threads));
+            REQUIRE(parallel.select(0, queries, cache.keys(0), many));
+            CHECK(one == many);
+        }
+        CHECK(serial.stats().index_dot_products == parallel.stats().index_dot_products);
+        if (method == SparseMethod::icecache) CHECK(serial.stats().index_dot_products > 0);
+    }
+    at::set_num_threads(threads);
 }
 
 TEST_CASE("a packed index, its keys rotated, still finds the best tokens", "[sparse]") {
