@@ -2,6 +2,9 @@
 # with the header's soft tokens (id -1) and record the adapter; packing keeps it.
 . "$KV_CLI_LIB"
 require_h5py
+# The adapter's fingerprint below is that of AVX512-BF16 arithmetic: oneDNN's AMX kernels round
+# bf16 products differently, so on a CPU with AMX tiles the trained adapter (and its hash) differs.
+export DNNL_MAX_CPU_ISA=AVX512_CORE_BF16
 /usr/bin/python3 "$KV_SOURCE_DIR/scripts/kvtasks.py" niah --tokens 256 --count 2 --documents 3 --seed 5 -o data.jsonl
 kvtrain -m "$demo" --data data.jsonl --epochs 1 --batch 2 --header 4 --trailer 2 \
     --answer-stop newline --answer-tokens 8 -o adapter.kvc -q
