@@ -11,7 +11,7 @@
 #include "kv/cache_file.hpp"
 #include "kv/rope.hpp"
 
-#include "../lib/src/float_convert.hpp"
+#include "kv/float_convert.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,7 +1,7 @@
 // kvpack: concatenate packets into one context cache, keys realigned by rotation. No model.
 #include "kv/error.hpp"
 #include "kv/json.hpp"
-#include "kv/pack.hpp"
+#include "kv/api/pack.hpp"
 #include "tool.hpp"
 
 #include <cstdio>

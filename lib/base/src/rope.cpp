@@ -1,0 +1,131 @@
+#include "kv/rope.hpp"
+
+#include "kv/float_convert.hpp"
+#include "kv/error.hpp"
+#include "kv/json.hpp"
+
+#include <cmath>
+#include <numbers>
+
+namespace kv {
+
+std::vector<float> rope_inverse_frequencies(int64_t head_dim, double theta_value,
+                                            const RopeScaling& scaling) {
+    const int64_t half = head_dim / 2;
+    std::vector<float> frequencies(static_cast<std::size_t>(half));
+    const float theta = static_cast<float>(theta_value);
+    for (int64_t i = 0; i < half; ++i)
+        frequencies[i] =
+            1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+
+    if (scaling.type == RopeScalingType::linear) {
+        for (float& f : frequencies)
+            f = static_cast<float>(f / scaling.factor);
+    } else if (scaling.type == RopeScalingType::llama3) {
+        // Long wavelengths are slowed down by `factor`, short ones kept, the band between
+        // interpolated smoothly (Meta's Llama 3.1 reference and transformers agree on this).
+        const double old_context = static_cast<double>(scaling.original_max_position_embeddings);
+        const double low_freq_wavelength = old_context / scaling.low_freq_factor;
+        const double high_freq_wavelength = old_context / scaling.high_freq_factor;
+        for (float& f : frequencies) {
+            const double wavelength = 2.0 * std::numbers::pi / f;
+            double scaled = f;
+            if (wavelength > low_freq_wavelength) {
+                scaled = f / scaling.factor;
+            } else if (wavelength >= high_freq_wavelength) {
+                const double smooth = (old_context / wavelength - scaling.low_freq_factor) /
+                                      (scaling.high_freq_factor - scaling.low_freq_factor);
+                scaled = (1.0 - smooth) * f / scaling.factor + smooth * f;
+            }
+            f = static_cast<float>(scaled);
+        }
+    }
+    return frequencies;
+}
+
+std::string rope_scaling_to_json(const RopeScaling& scaling) {
+    if (scaling.type == RopeScalingType::none) return "";
+    json::Value value = json::Value::object();
+    value.set("type", scaling.type == RopeScalingType::llama3 ? "llama3" : "linear");
+    value.set("factor", scaling.factor);
+    if (scaling.type == RopeScalingType::llama3) {
+        value.set("low_freq_factor", scaling.low_freq_factor);
+        value.set("high_freq_factor", scaling.high_freq_factor);
+        value.set("original_max_position_embeddings", scaling.original_max_position_embeddings);
+    }
+    return json::dump(value);
+}
+
+RopeScaling rope_scaling_from_json(const std::string& text) {
+    RopeScaling scaling;
+    if (text.empty()) return scaling;
+    const json::Value value = json::parse(text);
+    const std::string& type = value.at("type").as_string();
+    scaling.factor = value.at("factor").as_double();
+    if (type == "linear") {
+        scaling.type = RopeScalingType::linear;
+    } else if (type == "llama3") {
+        scaling.type = RopeScalingType::llama3;
+        scaling.low_freq_factor = value.at("low_freq_factor").as_double();
+        scaling.high_freq_factor = value.at("high_freq_factor").as_double();
+        scaling.original_max_position_embeddings =
+            value.at("original_max_position_embeddings").as_int();
+    } else {
+        throw FormatError("unknown RoPE scaling type " + kv::quoted(type));
+    }
+    if (!(scaling.factor > 0)) throw FormatError("RoPE scaling factor must be positive");
+    return scaling;
+}
+
+RopeSettings rope_settings(const CacheModelInfo& model) {
+    RopeSettings settings;
+    if (model.rope_layout == "half_split")
+        settings.layout = RopeLayout::half_split;
+    else if (model.rope_layout == "interleaved")
+        settings.layout = RopeLayout::interleaved;
+    else
+        throw FormatError("unknown RoPE layout " + kv::quoted(model.rope_layout));
+    if (model.head_dim <= 0 || model.head_dim % 2 != 0)
+        throw FormatError("head_dim must be even and positive, got " +
+                          std::to_string(model.head_dim));
+    if (!(model.rope_theta > 0)) throw FormatError("rope_theta must be positive");
+    RopeScaling scaling;
+    try {
+        scaling = rope_scaling_from_json(model.rope_scaling);
+    } catch (const Error& error) {
+        throw FormatError("invalid rope_scaling " + kv::quoted(model.rope_scaling) + ": " +
+                          error.what());
+    }
+    settings.head_dim = model.head_dim;
+    settings.inverse_frequencies =
+        rope_inverse_frequencies(model.head_dim, model.rope_theta, scaling);
+    return settings;
+}
+
+void rotate_keys(std::byte* keys, CacheDtype dtype, std::size_t rows, const RopeSettings& rope,
+                 int64_t delta) {
+    if (delta == 0) return;
+    const std::size_t half = rope.inverse_frequencies.size();
+    const std::size_t dim = 2 * half;
+    std::vector<float> cosines(half), sines(half), row(dim);
+    for (std::size_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(delta) * rope.inverse_frequencies[i];
+        cosines[i] = cosf(angle);
+        sines[i] = sinf(angle);
+    }
+    const bool interleaved = rope.layout == RopeLayout::interleaved;
+    for (std::size_t r = 0; r < rows; ++r) {
+        const std::size_t base = r * dim;
+        for (std::size_t d = 0; d < dim; ++d)
+            row[d] = load_float(keys, dtype, base + d);
+        for (std::size_t i = 0; i < half; ++i) {
+            const std::size_t a = interleaved ? 2 * i : i;
+            const std::size_t b = interleaved ? 2 * i + 1 : i + half;
+            const float x = row[a], y = row[b];
+            store_float(keys, dtype, base + a, x * cosines[i] - y * sines[i]);
+            store_float(keys, dtype, base + b, y * cosines[i] + x * sines[i]);
+        }
+    }
+}
+
+}  // namespace kv

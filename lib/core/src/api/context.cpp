@@ -1,0 +1,97 @@
+#include "context.hpp"
+
+#include "kv/error.hpp"
+#include "kv/model/packets.hpp"
+#include "kv/api/pack.hpp"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+namespace kv {
+
+AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer,
+                                  const CacheModelInfo& model_info,
+                                  const std::vector<std::string>& caches, bool add_bos,
+                                  int64_t reserve_extra, KvCache& cache,
+                                  const std::function<void(Packet&)>& before_append) {
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point start) {
+        return std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    const int64_t context = model.config().max_position_embeddings;
+    AssembledContext assembled;
+    std::optional<std::string> context_adapter;  // the first packet's; the others must agree
+    for (const std::string& spec : caches) {
+        const CacheSelection selection = parse_cache_selection(spec);
+        auto read_start = Clock::now();
+        // Shared with the indexes of offloaded packets, which read their layouts later.
+        const auto shared_reader = std::make_shared<const CacheReader>(selection.file);
+        const CacheReader& reader = *shared_reader;
+        assembled.read_seconds += since(read_start);
+        CacheModelInfo expected = model_info;
+        expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
+        check_compatible(expected, reader.model(), reader.source());
+        std::vector<PacketInfo> selected = reader.packets();
+        if (!selection.id.empty()) selected = {reader.packet_info(selection.id)};
+        for (const PacketInfo& info : selected) {
+            read_start = Clock::now();
+            // An offloaded cache takes the keys and values plane by plane from the file, so
+            // that memory never holds a whole packet.
+            const bool by_plane = cache.offloaded();
+            Packet packet =
+                by_plane ? reader.read_without_tensors_or_layouts(info.id) : reader.read(info.id);
+            if (by_plane && !packet.index.empty())
+                // Each plane's layout is read when its index is restored, then dropped: memory
+                // never holds every plane's (9 bytes per token and plane).
+                packet.index.read_layout = [shared_reader, id = info.id](
+                                               int64_t layer, int64_t head, int64_t segment) {
+                    return shared_reader->read_index_layout(id, layer, head, segment);
+                };
+            assembled.read_seconds += since(read_start);
+            assembled.bytes_read +=
+                by_plane ? 2 * packet.stored_length() * model_info.num_layers *
+                               model_info.num_kv_heads * model_info.head_dim *
+                               static_cast<int64_t>(cache_dtype_size(reader.model().dtype))
+                         : static_cast<int64_t>(packet.keys.size() + packet.values.size());
+            const bool starts_with_bos =
+                !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
+            if (cache.length() == 0 && add_bos && !starts_with_bos) {
+                const int32_t bos = tokenizer.bos_id();
+                model.prefill(std::span<const int32_t>(&bos, 1), cache);
+                assembled.bos_added = true;
+            }
+            if (cache.next_position() + packet.logical_length >= context)
+                throw MismatchError("the cached context reaches " +
+                                    std::to_string(cache.next_position() + packet.logical_length) +
+                                    " tokens with packet " + kv::quoted(packet.id) +
+                                    ", the model's context is " + std::to_string(context));
+            if (packet.ragged() && model.config().sliding_window > 0)
+                throw UnsupportedError("packet " + kv::quoted(packet.id) +
+                                       " keeps different tokens per head, which a sliding-window "
+                                       "model cannot decode exactly yet");
+            if (!context_adapter)
+                context_adapter = packet.adapter_fingerprint;
+            else
+                check_same_adapter(*context_adapter, packet);
+            cache.reserve(cache.length() + packet.stored_length() + reserve_extra);
+            if (before_append) before_append(packet);
+            assembled.per_head = assembled.per_head || packet.ragged();
+            assembled.packets.push_back({packet.id, cache.length(), packet.stored_length(),
+                                         cache.next_position(), packet.header_tokens,
+                                         packet.trailer_tokens});
+            if (by_plane) {  // reading the tensors is part of appending them
+                read_start = Clock::now();
+                append_packet_planes(model.rope(), cache, packet, reader, reader.model().dtype);
+                assembled.read_seconds += since(read_start);
+            } else {
+                append_packet(model.rope(), cache, packet, reader.model().dtype);
+            }
+            assembled.tokens.insert(assembled.tokens.end(), packet.token_ids.begin(),
+                                    packet.token_ids.end());
+        }
+    }
+    return assembled;
+}
+
+}  // namespace kv

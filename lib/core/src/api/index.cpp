@@ -1,0 +1,112 @@
+#include "kv/api/index.hpp"
+
+#include "kv/float_convert.hpp"
+#include "kv/error.hpp"
+#include "kv/index/dci.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace kv {
+
+namespace {
+
+DciOptions dci_options(const IndexOptions& options) {
+    DciOptions dci;
+    dci.page_size = options.page_size;
+    dci.promotion_first = options.promotion_first;
+    dci.promotion_rest = options.promotion_rest;
+    dci.exact_parent_limit = options.exact_parent_limit;
+    dci.anchor_interval = options.anchor_interval;
+    return dci;
+}
+
+// One segment over the whole packet, one index per (layer, kv-head), built on `threads` threads.
+PacketIndex build_packet_index(const Packet& packet, const CacheModelInfo& model,
+                               const IndexOptions& options, const std::vector<float>& projection,
+                               int threads, int* max_levels) {
+    const int64_t planes = model.num_layers * model.num_kv_heads;
+    const int64_t tokens = packet.stored_length(), dim = model.head_dim;
+    PacketIndex index;
+    index.page_size = options.page_size;
+    index.promotion_first = options.promotion_first;
+    index.promotion_rest = options.promotion_rest;
+    index.projection = projection;
+    index.segments = {{0, tokens, 0}};
+    index.layouts.resize(static_cast<std::size_t>(planes));
+    const DciOptions dci = dci_options(options);
+    std::atomic<int64_t> next{0};
+    std::atomic<int> levels{0};
+    auto work = [&] {
+        std::vector<float> keys(static_cast<std::size_t>(tokens * dim));
+        for (int64_t plane; (plane = next++) < planes;) {
+            const std::size_t base = static_cast<std::size_t>(plane * tokens * dim);
+            for (std::size_t i = 0; i < keys.size(); ++i)
+                keys[i] = load_float(packet.keys.data(), model.dtype, base + i);
+            DciIndex built(dim, projection, dci);
+            built.build(keys.data(), tokens);
+            index.layouts[static_cast<std::size_t>(plane)] = built.layout();
+            int seen = levels.load();
+            while (built.levels() > seen && !levels.compare_exchange_weak(seen, built.levels())) {
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < std::min<int64_t>(threads, planes); ++t)
+        pool.emplace_back(work);
+    work();
+    for (std::thread& thread : pool)
+        thread.join();
+    *max_levels = std::max(*max_levels, levels.load());
+    return index;
+}
+
+}  // namespace
+
+IndexReport index_cache_file(const IndexOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    validate_dci_options(dci_options(options));
+    const int threads = options.threads > 0
+                            ? options.threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+    const CacheReader reader(options.input);
+    const CacheModelInfo& model = reader.model();
+    const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
+    CacheWriter writer(options.output, model, options.provenance, options.write);
+    IndexReport report;
+    const auto total = static_cast<int64_t>(reader.packets().size());
+    for (const PacketInfo& info : reader.packets()) {
+        Packet packet = reader.read(info.id);
+        if (options.keep_existing && !packet.index.empty()) {
+            ++report.kept;
+        } else if (packet.stored_length() > 0) {
+            if (packet.padded())
+                throw UnsupportedError(reader.source() + ": packet " + kv::quoted(info.id) +
+                                       " keeps different numbers of tokens per head; an IceCache "
+                                       "index over such heads is not defined (formats/kvcache.md "
+                                       "6.3)");
+            const auto began = std::chrono::steady_clock::now();
+            packet.index =
+                build_packet_index(packet, model, options, projection, threads, &report.max_levels);
+            report.build_seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+            report.indexes += model.num_layers * model.num_kv_heads;
+            for (const DciLayout& layout : packet.index.layouts)
+                report.pages += static_cast<int64_t>(layout.page_sizes.size());
+        } else {
+            packet.index = {};
+        }
+        report.tokens += packet.stored_length();
+        writer.add(packet);
+        ++report.packets;
+        if (options.progress) options.progress(report.packets, total);
+    }
+    writer.finish();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return report;
+}
+
+}  // namespace kv

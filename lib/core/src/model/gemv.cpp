@@ -1,0 +1,393 @@
+#include "kv/model/gemv.hpp"
+
+#include "kv/float_convert.hpp"
+#include "isa.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+// GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which its own
+// -Wmaybe-uninitialized then reports inside the header (a known false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace kv {
+namespace {
+
+inline float as_float(float value) {
+    return value;
+}
+inline float as_float(uint16_t bits) {
+    return bf16_to_float(bits);
+}
+
+template <typename Weight>
+float dot_portable(const Weight* row, const float* x, int64_t columns) {
+    float sum = 0;
+    for (int64_t k = 0; k < columns; ++k) {
+        if constexpr (std::is_same_v<Weight, uint16_t>)
+            sum += bf16_to_float(row[k]) * x[k];
+        else
+            sum += row[k] * x[k];
+    }
+    return sum;
+}
+
+__attribute__((target("avx512f,avx512bw"))) inline __m512 widen_bf16x16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+// Four rows at a time share each load of x; the tail columns are done in scalar code.
+__attribute__((target("avx512f,avx512bw"))) void rows_avx512_bf16(const uint16_t* weights,
+                                                                  const float* x, float* y,
+                                                                  int64_t begin, int64_t end,
+                                                                  int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{15};
+    int64_t n = begin;
+    for (; n + 4 <= end; n += 4) {
+        const uint16_t* r0 = weights + n * columns;
+        const uint16_t* r1 = r0 + columns;
+        const uint16_t* r2 = r1 + columns;
+        const uint16_t* r3 = r2 + columns;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+               a3 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(widen_bf16x16(r0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(widen_bf16x16(r1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(widen_bf16x16(r2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(widen_bf16x16(r3 + k), xv, a3);
+        }
+        const int64_t tail = columns - vector_columns;
+        y[n] =
+            _mm512_reduce_add_ps(a0) + dot_portable(r0 + vector_columns, x + vector_columns, tail);
+        y[n + 1] =
+            _mm512_reduce_add_ps(a1) + dot_portable(r1 + vector_columns, x + vector_columns, tail);
+        y[n + 2] =
+            _mm512_reduce_add_ps(a2) + dot_portable(r2 + vector_columns, x + vector_columns, tail);
+        y[n + 3] =
+            _mm512_reduce_add_ps(a3) + dot_portable(r3 + vector_columns, x + vector_columns, tail);
+    }
+    for (; n < end; ++n)
+        y[n] = dot_portable(weights + n * columns, x, columns);
+}
+
+// x as bf16 (exact when it came from bf16 activations): one vdpbf16ps per 32 weights replaces
+// the widen-and-fma of 2 x 16, which is what limits the plain AVX-512 kernel.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_avx512_dpbf16(
+    const uint16_t* weights, const uint16_t* x, float* y, int64_t begin, int64_t end,
+    int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{31};
+    auto tail_dot = [&](const uint16_t* row) {
+        float sum = 0;
+        for (int64_t k = vector_columns; k < columns; ++k)
+            sum += bf16_to_float(row[k]) * bf16_to_float(x[k]);
+        return sum;
+    };
+    int64_t n = begin;
+    for (; n + 4 <= end; n += 4) {
+        const uint16_t* r0 = weights + n * columns;
+        const uint16_t* r1 = r0 + columns;
+        const uint16_t* r2 = r1 + columns;
+        const uint16_t* r3 = r2 + columns;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+               a3 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 32) {
+            const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + k));
+            a0 = _mm512_dpbf16_ps(a0, reinterpret_cast<__m512bh>(_mm512_loadu_si512(r0 + k)), xv);
+            a1 = _mm512_dpbf16_ps(a1, reinterpret_cast<__m512bh>(_mm512_loadu_si512(r1 + k)), xv);
+            a2 = _mm512_dpbf16_ps(a2, reinterpret_cast<__m512bh>(_mm512_loadu_si512(r2 + k)), xv);
+            a3 = _mm512_dpbf16_ps(a3, reinterpret_cast<__m512bh>(_mm512_loadu_si512(r3 + k)), xv);
+        }
+        y[n] = _mm512_reduce_add_ps(a0) + tail_dot(r0);
+        y[n + 1] = _mm512_reduce_add_ps(a1) + tail_dot(r1);
+        y[n + 2] = _mm512_reduce_add_ps(a2) + tail_dot(r2);
+        y[n + 3] = _mm512_reduce_add_ps(a3) + tail_dot(r3);
+    }
+    for (; n < end; ++n) {
+        const uint16_t* row = weights + n * columns;
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 32)
+            a = _mm512_dpbf16_ps(a, reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + k)),
+                                 reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + k)));
+        y[n] = _mm512_reduce_add_ps(a) + tail_dot(row);
+    }
+}
+
+// Round to nearest even, as every bf16 conversion does.
+std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
+    std::vector<uint16_t> result(static_cast<std::size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &x[i], sizeof bits);
+        result[i] = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+    }
+    return result;
+}
+
+__attribute__((target("avx512f"))) void rows_avx512_f32(const float* weights, const float* x,
+                                                        float* y, int64_t begin, int64_t end,
+                                                        int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{15};
+    int64_t n = begin;
+    for (; n + 4 <= end; n += 4) {
+        const float* r0 = weights + n * columns;
+        const float* r1 = r0 + columns;
+        const float* r2 = r1 + columns;
+        const float* r3 = r2 + columns;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+               a3 = _mm512_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + k);
+            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r3 + k), xv, a3);
+        }
+        const int64_t tail = columns - vector_columns;
+        y[n] =
+            _mm512_reduce_add_ps(a0) + dot_portable(r0 + vector_columns, x + vector_columns, tail);
+        y[n + 1] =
+            _mm512_reduce_add_ps(a1) + dot_portable(r1 + vector_columns, x + vector_columns, tail);
+        y[n + 2] =
+            _mm512_reduce_add_ps(a2) + dot_portable(r2 + vector_columns, x + vector_columns, tail);
+        y[n + 3] =
+            _mm512_reduce_add_ps(a3) + dot_portable(r3 + vector_columns, x + vector_columns, tail);
+    }
+    for (; n < end; ++n)
+        y[n] = dot_portable(weights + n * columns, x, columns);
+}
+
+__attribute__((target("avx2,fma"))) float reduce_avx2(__m256 v) {
+    const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
+    return _mm_cvtss_f32(_mm_add_ss(sum2, _mm_shuffle_ps(sum2, sum2, 1)));
+}
+
+template <typename Weight>
+__attribute__((target("avx2,fma"))) void rows_avx2(const Weight* weights, const float* x, float* y,
+                                                   int64_t begin, int64_t end, int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{7};
+    for (int64_t n = begin; n < end; ++n) {
+        const Weight* row = weights + n * columns;
+        __m256 a = _mm256_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 8) {
+            __m256 w;
+            if constexpr (std::is_same_v<Weight, uint16_t>)
+                w = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))),
+                    16));
+            else
+                w = _mm256_loadu_ps(row + k);
+            a = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + k), a);
+        }
+        y[n] = reduce_avx2(a) +
+               dot_portable(row + vector_columns, x + vector_columns, columns - vector_columns);
+    }
+}
+
+template <typename Weight>
+__attribute__((target("avx512f,avx512bw"))) void accumulate_avx512(const Weight* rows,
+                                                                   const float* weights, float* out,
+                                                                   int64_t count, int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{15};
+    for (int64_t n = 0; n < count; ++n) {
+        const Weight* row = rows + n * columns;
+        const __m512 weight = _mm512_set1_ps(weights[n]);
+        for (int64_t d = 0; d < vector_columns; d += 16) {
+            __m512 values;
+            if constexpr (std::is_same_v<Weight, uint16_t>)
+                values = widen_bf16x16(row + d);
+            else
+                values = _mm512_loadu_ps(row + d);
+            _mm512_storeu_ps(out + d, _mm512_fmadd_ps(values, weight, _mm512_loadu_ps(out + d)));
+        }
+        for (int64_t d = vector_columns; d < columns; ++d)
+            out[d] += weights[n] * as_float(row[d]);
+    }
+}
+
+template <typename Weight>
+__attribute__((target("avx2,fma"))) void accumulate_avx2(const Weight* rows, const float* weights,
+                                                         float* out, int64_t count,
+                                                         int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{7};
+    for (int64_t n = 0; n < count; ++n) {
+        const Weight* row = rows + n * columns;
+        const __m256 weight = _mm256_set1_ps(weights[n]);
+        for (int64_t d = 0; d < vector_columns; d += 8) {
+            __m256 values;
+            if constexpr (std::is_same_v<Weight, uint16_t>)
+                values = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(
+                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))),
+                    16));
+            else
+                values = _mm256_loadu_ps(row + d);
+            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(values, weight, _mm256_loadu_ps(out + d)));
+        }
+        for (int64_t d = vector_columns; d < columns; ++d)
+            out[d] += weights[n] * as_float(row[d]);
+    }
+}
+
+template <typename Weight>
+void accumulate_portable(const Weight* rows, const float* weights, float* out, int64_t count,
+                         int64_t columns) {
+    for (int64_t n = 0; n < count; ++n)
+        for (int64_t d = 0; d < columns; ++d)
+            out[d] += weights[n] * as_float(rows[n * columns + d]);
+}
+
+template <typename Weight>
+void dot_rows(const Weight* rows, const float* x, float* y, int64_t count, int64_t columns) {
+    switch (isa) {
+        case Isa::avx512_bf16:
+            if constexpr (std::is_same_v<Weight, uint16_t>) {
+                const std::vector<uint16_t> x_bf16 = to_bf16(x, columns);
+                return rows_avx512_dpbf16(rows, x_bf16.data(), y, 0, count, columns);
+            }
+            [[fallthrough]];
+        case Isa::avx512:
+            if constexpr (std::is_same_v<Weight, uint16_t>)
+                return rows_avx512_bf16(rows, x, y, 0, count, columns);
+            else
+                return rows_avx512_f32(rows, x, y, 0, count, columns);
+        case Isa::avx2:
+            return rows_avx2<Weight>(rows, x, y, 0, count, columns);
+        case Isa::portable:
+            for (int64_t n = 0; n < count; ++n)
+                y[n] = dot_portable(rows + n * columns, x, columns);
+    }
+}
+
+template <typename Weight>
+void accumulate_rows(const Weight* rows, const float* weights, float* out, int64_t count,
+                     int64_t columns) {
+    switch (isa) {
+        case Isa::avx512_bf16:
+        case Isa::avx512:
+            return accumulate_avx512(rows, weights, out, count, columns);
+        case Isa::avx2:
+            return accumulate_avx2(rows, weights, out, count, columns);
+        case Isa::portable:
+            return accumulate_portable(rows, weights, out, count, columns);
+    }
+}
+
+template <typename Weight, typename Rows>
+void run_rows(const Weight* weights, const float* x, float* y, int64_t rows, int64_t columns,
+              Rows kernel) {
+    // Chunks of rows big enough (~256 KB of weights) that scheduling costs nothing.
+    const int64_t grain =
+        std::max<int64_t>(4, (int64_t{1} << 18) / std::max<int64_t>(1, columns * sizeof(Weight)));
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        kernel(weights, x, y, begin, end, columns);
+    });
+}
+
+}  // namespace
+
+void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, int64_t columns) {
+    switch (isa) {
+        case Isa::avx512_bf16: {
+            const std::vector<uint16_t> x_bf16 = to_bf16(x, columns);
+            const uint16_t* rounded = x_bf16.data();
+            return run_rows(
+                weights, x, y, rows, columns,
+                [rounded](const uint16_t* w, const float*, float* out, int64_t b, int64_t e,
+                          int64_t c) { rows_avx512_dpbf16(w, rounded, out, b, e, c); });
+        }
+        case Isa::avx512:
+            return run_rows(weights, x, y, rows, columns, rows_avx512_bf16);
+        case Isa::avx2:
+            return run_rows(weights, x, y, rows, columns, rows_avx2<uint16_t>);
+        case Isa::portable:
+            return run_rows(
+                weights, x, y, rows, columns,
+                [](const uint16_t* w, const float* v, float* out, int64_t b, int64_t e, int64_t c) {
+                    for (int64_t n = b; n < e; ++n)
+                        out[n] = dot_portable(w + n * c, v, c);
+                });
+    }
+}
+
+void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int64_t columns) {
+    switch (isa) {
+        case Isa::avx512_bf16:
+        case Isa::avx512:
+            return run_rows(weights, x, y, rows, columns, rows_avx512_f32);
+        case Isa::avx2:
+            return run_rows(weights, x, y, rows, columns, rows_avx2<float>);
+        case Isa::portable:
+            return run_rows(
+                weights, x, y, rows, columns,
+                [](const float* w, const float* v, float* out, int64_t b, int64_t e, int64_t c) {
+                    for (int64_t n = b; n < e; ++n)
+                        out[n] = dot_portable(w + n * c, v, c);
+                });
+    }
+}
+
+void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count, int64_t columns) {
+    dot_rows(rows, x, y, count, columns);
+}
+void dot_rows_f32(const float* rows, const float* x, float* y, int64_t count, int64_t columns) {
+    dot_rows(rows, x, y, count, columns);
+}
+void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out, int64_t count,
+                          int64_t columns) {
+    accumulate_rows(rows, weights, out, count, columns);
+}
+void accumulate_rows_f32(const float* rows, const float* weights, float* out, int64_t count,
+                         int64_t columns) {
+    accumulate_rows(rows, weights, out, count, columns);
+}
+void dot_rows(StoredRows rows, const float* x, float* y, int64_t count, int64_t columns) {
+    if (rows.bf16)
+        dot_rows_bf16(static_cast<const uint16_t*>(rows.data), x, y, count, columns);
+    else
+        dot_rows_f32(static_cast<const float*>(rows.data), x, y, count, columns);
+}
+void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t count,
+                     int64_t columns) {
+    if (rows.bf16)
+        accumulate_rows_bf16(static_cast<const uint16_t*>(rows.data), weights, out, count, columns);
+    else
+        accumulate_rows_f32(static_cast<const float*>(rows.data), weights, out, count, columns);
+}
+
+const char* gemv_isa() {
+    switch (isa) {
+        case Isa::avx512_bf16:
+            return "avx512-bf16";
+        case Isa::avx512:
+            return "avx512";
+        case Isa::avx2:
+            return "avx2";
+        case Isa::portable:
+            return "portable";
+    }
+    return "portable";
+}
+
+void softmax_scaled_in_place(float* scores, int64_t count, float scale) {
+    float best = -std::numeric_limits<float>::infinity();
+    for (int64_t n = 0; n < count; ++n)
+        best = std::max(best, scores[n] *= scale);
+    double total = 0;
+    for (int64_t n = 0; n < count; ++n)
+        total += (scores[n] = std::exp(scores[n] - best));
+    const float inverse = static_cast<float>(1.0 / total);
+    for (int64_t n = 0; n < count; ++n)
+        scores[n] *= inverse;
+}
+
+}  // namespace kv
