@@ -1,7 +1,7 @@
 // Times reading packets from a cache file: every packet, or one named packet, as JSON on stdout.
 //   kv_bench_cache_load FILE [ID]
-#include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 
 #include <chrono>
 #include <cstdio>

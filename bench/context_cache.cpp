@@ -8,7 +8,8 @@
 // real ones have (a few hundred shared directions that runs of neighbouring tokens share, a
 // handful of large channels, varying norms), drawn per (layer, kv-head) and rotated by the
 // model's RoPE at their position; values are N(0, 1). Stored uncompressed.
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/rope.hpp"
 
 #include "kv/float_convert.hpp"

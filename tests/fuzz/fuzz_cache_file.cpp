@@ -1,7 +1,7 @@
 // The cache-file reader (formats/kvcache.md) on arbitrary bytes: open, list, read every packet
 // with its tensors and index.
 #include "fuzz_input.hpp"
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_reader.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     const auto path = kv::fuzz::scratch_file("input.kvc", data, size);

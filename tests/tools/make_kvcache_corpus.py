@@ -590,7 +590,7 @@ rather than editing them. Files under `good/` are sound: kvtools reads every pac
 (after the file name), never a crash; `0010_nan_values` is the exception that proves the rule:
 a sound file whose values are not finite, which `show` reads and `check` reports.
 `tests/cli/kvinspect/corpus.sh` runs `kvinspect check` on every file against `expected.tsv`, and
-`tests/unit/test_cache_file.cpp` opens every file with the library.
+`tests/unit/base/format/test_cache_file.cpp` opens every file with the library.
 
 | file | what it holds | expected |
 |---|---|---|

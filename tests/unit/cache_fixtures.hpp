@@ -1,7 +1,8 @@
 // Cache files for tests: a small model description, seeded packets, a store written from them.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
 
 #include <catch2/catch.hpp>
 

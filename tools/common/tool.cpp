@@ -1,6 +1,7 @@
 #include "tool.hpp"
 
-#include "kv/quantize.hpp"
+#include "kv/format/cache_writer.hpp"
+#include "kv/format/quantize.hpp"
 
 #include <memory>
 

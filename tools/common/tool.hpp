@@ -11,8 +11,8 @@
 #include <functional>
 
 #include <string>
-#include "kv/cache_file.hpp"
 #include "kv/compress.hpp"
+#include "kv/format/cache_writer.hpp"
 
 namespace kv::json {
 class Value;

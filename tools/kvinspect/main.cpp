@@ -1,7 +1,9 @@
 // kvinspect: show, check, compare, export, merge, compress and plot cache files.
 #include "kv/api/inspect.hpp"
-#include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/json.hpp"
 #include "tool.hpp"
 

@@ -1,7 +1,8 @@
 // kvpack: concatenate packets into one context cache, keys realigned by rotation. No model.
-#include "kv/error.hpp"
-#include "kv/json.hpp"
 #include "kv/api/pack.hpp"
+#include "kv/error.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/json.hpp"
 #include "tool.hpp"
 
 #include <cstdio>

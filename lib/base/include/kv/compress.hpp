@@ -9,7 +9,7 @@
 // (`kvbake --compress`). Torch-free header: the tools include only this.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_writer.hpp"
 
 #include <cstdint>
 #include <filesystem>

@@ -3,7 +3,7 @@
 // rounds the same way as one rotated by the runtime.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/packet.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -4,8 +4,8 @@
 // reading the RoPE settings from the cache file instead of a model.
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/model/config.hpp"
+#include "kv/packet.hpp"
 
 #include <cstddef>
 #include <cstdint>

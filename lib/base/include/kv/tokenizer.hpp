@@ -20,7 +20,8 @@ class Tokenizer {
   public:
     virtual ~Tokenizer() = default;
 
-    /// Plain text to ids. Never adds BOS or EOS: the caller does, using bos_id() and add_bos().
+    /// Plain text to ids. Never adds BOS or EOS: the caller does, using bos_id() and add_bos(),
+    /// or calls encode_with_special_tokens().
     /// For tokenizer.json models, special-token strings in the text (e.g. "<|eot_id|>") become
     /// their ids. Text that is not valid UTF-8 still encodes: stray bytes become byte tokens.
     virtual std::vector<int32_t> encode(std::string_view text) const = 0;
@@ -37,6 +38,15 @@ class Tokenizer {
     int32_t eos_id() const { return eos_id_; }
     /// Whether prompts start with BOS by default.
     bool add_bos() const { return add_bos_; }
+    /// The ids that Hugging Face's add_special_tokens=True puts before and after one text: BOS
+    /// for Llama and Mistral, nothing for GPT-2 and Qwen, whatever a tokenizer.json's
+    /// TemplateProcessing says (Whisper's two start tokens and EOS after the text), as
+    /// transformers rebuilds it for Llama-style tokenizers from add_bos_token and add_eos_token.
+    /// The prefix is [bos_id()] exactly when add_bos() is true.
+    const std::vector<int32_t>& special_prefix() const { return special_prefix_; }
+    const std::vector<int32_t>& special_suffix() const { return special_suffix_; }
+    /// special_prefix(), encode(text), special_suffix().
+    std::vector<int32_t> encode_with_special_tokens(std::string_view text) const;
     /// EOS and the other tokens that end a turn (Llama 3's <|eot_id|>, Qwen's <|im_end|>...).
     bool is_end_of_generation(int32_t id) const;
     const std::vector<int32_t>& end_of_generation_ids() const { return end_of_generation_ids_; }
@@ -69,6 +79,8 @@ class Tokenizer {
     int32_t eos_id_ = -1;
     bool add_bos_ = false;
     bool strips_leading_space_ = false;
+    std::vector<int32_t> special_prefix_;
+    std::vector<int32_t> special_suffix_;
     std::vector<int32_t> end_of_generation_ids_;
     std::string fingerprint_;
     std::string kind_;

@@ -1,7 +1,9 @@
 #include "kv/api/inspect.hpp"
+#include "kv/format/quantize.hpp"
 
-#include "kv/float_convert.hpp"
 #include "kv/error.hpp"
+#include "kv/float_convert.hpp"
+#include "kv/format/cache_reader.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,6 +1,9 @@
 #include "kv/api/pack.hpp"
+#include "kv/format/cache_reader.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/rope.hpp"
 #include "kv/sha256.hpp"
 

@@ -1,8 +1,7 @@
-#include "kv/quantize.hpp"
+#include "kv/format/quantize.hpp"
 
-#include "kv/float_convert.hpp"
-#include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/float_convert.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,6 +2,9 @@
 
 #include "kv/documents.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/model/adapter.hpp"
 #include "kv/model/compress.hpp"
 #include "kv/model/packets.hpp"

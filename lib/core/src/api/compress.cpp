@@ -1,6 +1,9 @@
 #include "kv/compress.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
+#include "kv/format/quantize.hpp"
 #include "kv/model/compress.hpp"
 #include "kv/rope.hpp"
 #include "kv/runtime.hpp"

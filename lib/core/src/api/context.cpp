@@ -1,8 +1,10 @@
 #include "context.hpp"
 
-#include "kv/error.hpp"
-#include "kv/model/packets.hpp"
 #include "kv/api/pack.hpp"
+#include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/model/packets.hpp"
 
 #include <chrono>
 #include <memory>

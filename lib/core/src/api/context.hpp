@@ -3,8 +3,8 @@
 // preamble), then every selected packet in order, its keys rotated to follow the previous one.
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/model/model.hpp"
+#include "kv/packet.hpp"
 #include "kv/tokenizer.hpp"
 
 #include <functional>

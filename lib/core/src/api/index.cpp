@@ -1,7 +1,9 @@
 #include "kv/api/index.hpp"
 
-#include "kv/float_convert.hpp"
 #include "kv/error.hpp"
+#include "kv/float_convert.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/index/dci.hpp"
 
 #include <atomic>

@@ -2,6 +2,7 @@
 
 #include "context.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/json.hpp"
 #include "kv/model/attention_recorder.hpp"
 #include "kv/runtime.hpp"

@@ -2,8 +2,8 @@
 // them the way cache files record them.
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/model/model.hpp"
+#include "kv/packet.hpp"
 #include "kv/tokenizer.hpp"
 
 #include <filesystem>

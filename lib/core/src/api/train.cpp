@@ -1,6 +1,7 @@
 #include "kv/api/train.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/json.hpp"
 #include "kv/mapped_file.hpp"
 #include "kv/model/adapter.hpp"

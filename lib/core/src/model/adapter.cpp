@@ -1,6 +1,7 @@
 #include "kv/model/adapter.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 
 #include <cstring>
 

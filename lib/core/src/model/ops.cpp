@@ -120,7 +120,7 @@ torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
     // Every token turns by the same angles, so one row of cosines serves them all: rotate_keys
     // does that in place on a copy, 30x faster than apply()'s per-token tables and float32
     // temporaries (realigning a 1 GB packet took 6 s), with the same float32 arithmetic and
-    // rounding (tests/unit/model/test_ops.cpp checks they agree bit for bit). Tensors that
+    // rounding (tests/unit/core/model/test_ops.cpp checks they agree bit for bit). Tensors that
     // need gradients (kvtrain's adapters) or live on a GPU take apply().
     const auto scalar = x.scalar_type();
     const bool host_dtype =

@@ -1,6 +1,7 @@
 #include "kv/model/packets.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 
 namespace kv {
 

@@ -1,6 +1,7 @@
 #include "cache_fixtures.hpp"
 #include "kv/api/inspect.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 #include "kv/safetensors.hpp"
 #include "test_support.hpp"
 

@@ -1,6 +1,8 @@
 #include "cache_fixtures.hpp"
-#include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/index/dci.hpp"
 #include "test_support.hpp"
 

@@ -1,10 +1,11 @@
 // Quantised storage against a float64 reference: every value within half a step of its group,
 // 4-bit codes packed two per byte, the residual
 // window exact, and the file round trip equal to dequantising in memory.
-#include "kv/float_convert.hpp"
 #include "cache_fixtures.hpp"
-#include "kv/cache_file.hpp"
-#include "kv/quantize.hpp"
+#include "kv/float_convert.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
+#include "kv/format/quantize.hpp"
 #include "test_support.hpp"
 
 #include <catch2/catch.hpp>

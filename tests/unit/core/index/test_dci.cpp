@@ -1,7 +1,7 @@
 // The DCI index against brute force: structure invariants, exact parents, exhaustive queries
 // equal to the true top pages, recall of the default query, insertion with page splits.
-#include "kv/cache_file.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 #include "kv/index/dci.hpp"
 
 #include <catch2/catch.hpp>

@@ -2,6 +2,8 @@
 // kvpack serve (and one block-masked pass), gradients reach the soft tokens correctly, the loss
 // and the optimizer agree with references, and adapter files round-trip and refuse damage.
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/model/adapter.hpp"
 #include "kv/model/distill.hpp"
 #include "kv/model/packets.hpp"

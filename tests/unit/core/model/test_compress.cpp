@@ -1,9 +1,11 @@
 // The kvpress scoring rules against float64 references written as plain loops, and the pruning
 // they drive: per-head choices, kept adapters, per-head storage through the file, decoding with
 // padding, and packing per-head packets.
+#include "kv/api/pack.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_writer.hpp"
 #include "kv/model/compress.hpp"
 #include "kv/model/packets.hpp"
-#include "kv/api/pack.hpp"
 #include "kv/rope.hpp"
 #include "test_support.hpp"
 

@@ -1,14 +1,15 @@
 // Packets baked separately and realigned equal one forward pass over all documents with a
 // block-diagonal mask: the proof that realignment by rotation is exact, for both RoPE layouts.
 #include "cache_fixtures.hpp"
-#include "test_support.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/model/sparse.hpp"
 #include "kv/rope.hpp"
 #include "random_model.hpp"
+#include "test_support.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,10 +1,12 @@
 // kvinspect: look into cache files (formats/kvcache.md): summarize, verify, compare, export.
 //
 // Torch-free: these work on the stored bytes, converting bf16 and f16 to float where values are
-// compared, so kvinspect runs without libtorch. Merging is merge_cache_files (kv/cache_file.hpp).
+// compared, so kvinspect runs without libtorch. Merging is merge_cache_files
+// (kv/format/cache_store.hpp).
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/json.hpp"
 
 #include <cstdint>

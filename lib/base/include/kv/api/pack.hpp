@@ -3,7 +3,8 @@
 // rotation is all that changes (values are copied as they are).
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_store.hpp"
+#include "kv/format/cache_writer.hpp"
 
 #include <filesystem>
 #include <optional>

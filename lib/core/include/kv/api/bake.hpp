@@ -5,8 +5,8 @@
 // the speed of one long one, with no padding. Torch-free header: the tool includes only this.
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/compress.hpp"
+#include "kv/format/cache_writer.hpp"
 
 #include <cstdint>
 #include <filesystem>

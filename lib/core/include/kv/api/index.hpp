@@ -3,7 +3,7 @@
 // all it reads. Torch-free header: the tool includes only this.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_writer.hpp"
 
 #include <cstdint>
 #include <filesystem>

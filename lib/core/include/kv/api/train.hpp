@@ -10,7 +10,7 @@
 // Torch-free header: the tool includes only this.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/packet.hpp"
 
 #include <cstdint>
 #include <filesystem>

@@ -13,7 +13,7 @@
 // ../shared/research/icecache.md describes the authors' M-DCI, which this follows.
 #pragma once
 
-#include "kv/index/layout.hpp"
+#include "kv/packet.hpp"
 
 #include <cstdint>
 #include <deque>

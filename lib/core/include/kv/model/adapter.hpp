@@ -7,8 +7,8 @@
 // compute dtype (the cast is inside the autograd graph, so gradients reach them).
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/model/model.hpp"
+#include "kv/packet.hpp"
 
 #include <torch/types.h>
 

@@ -1,13 +1,13 @@
 // The scoring rules of kv/compress.hpp over libtorch tensors, and the pruning they drive. Each
 // rule is a function of one layer's evidence returning a score per (kv-head, token), higher kept,
-// so that each is tested on its own against a float64 reference (tests/unit/model/
+// so that each is tested on its own against a float64 reference (tests/unit/core/model/
 // test_compress.cpp).
 #pragma once
 
-#include "kv/cache_file.hpp"
 #include "kv/compress.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
+#include "kv/packet.hpp"
 
 #include <torch/types.h>
 

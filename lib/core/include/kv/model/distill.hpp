@@ -1,6 +1,6 @@
 // The pieces of KV Packet's self-distillation that are numerics: the teacher's kept answer, the
 // loss against it, and the optimizer step (tested against float64 references and libtorch's own
-// AdamW in tests/unit/model/test_adapter.cpp).
+// AdamW in tests/unit/core/model/test_adapter.cpp).
 #pragma once
 
 #include <torch/types.h>

@@ -1,5 +1,5 @@
 // The numerical pieces of the decoder, as free functions over libtorch tensors, so that each is
-// tested on its own against a float64 reference (tests/unit/model/test_ops.cpp).
+// tested on its own against a float64 reference (tests/unit/core/model/test_ops.cpp).
 #pragma once
 
 #include "kv/model/config.hpp"

@@ -6,7 +6,7 @@
 // delta without recomputing anything. Values carry no position and are copied as they are.
 #pragma once
 
-#include "kv/cache_file.hpp"
+#include "kv/format/cache_reader.hpp"
 #include "kv/model/kv_cache.hpp"
 #include "kv/model/ops.hpp"
 

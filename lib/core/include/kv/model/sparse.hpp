@@ -12,10 +12,10 @@
 // `dense_layers` layers attend to everything.
 #pragma once
 
-#include "kv/index/layout.hpp"
 #include "kv/model/config.hpp"
 #include "kv/model/kv_cache.hpp"
 #include "kv/model/ops.hpp"
+#include "kv/packet.hpp"
 
 #include <torch/types.h>
 

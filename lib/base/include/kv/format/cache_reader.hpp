@@ -1,0 +1,82 @@
+// Reading a kvtools cache file (formats/kvcache.md). Reads are lazy: opening a store reads its
+// directory (the packet index), and a packet's tensors are read only when asked for. "-" reads
+// standard input (into memory, as an HDF5 file image). Every value is checked before it is used,
+// and errors name the file and the packet.
+#pragma once
+
+#include "kv/packet.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kv {
+
+/// Reads a cache file; tensors are read only on request.
+class CacheReader {
+  public:
+    /// Opens `path` ("-": reads all of standard input into memory first). Validates the format
+    /// name, the version (an unknown major version or required feature is refused naming both
+    /// versions), the required attributes and the completeness mark; throws FormatError.
+    explicit CacheReader(const std::filesystem::path& path);
+    ~CacheReader();
+    CacheReader(const CacheReader&) = delete;
+    CacheReader& operator=(const CacheReader&) = delete;
+
+    const std::string& source() const;  ///< quoted name for messages
+    const std::string& format_version() const;
+    const CacheModelInfo& model() const;
+    const Provenance& provenance() const;
+    /// In file order (the order packets were added).
+    const std::vector<PacketInfo>& packets() const;
+    const PacketInfo& packet_info(const std::string& id) const;  ///< throws Error naming the id
+    bool has_packet(const std::string& id) const;
+
+    /// Reads one packet with its tensors, verifying checksums and shapes.
+    Packet read(const std::string& id) const;
+    /// read() without keys and values (both left empty): positions, token ids, the index.
+    Packet read_without_tensors(const std::string& id) const;
+    /// read_without_tensors() whose index keeps its segments, projection and settings but
+    /// leaves the per-token layouts in the file, for read_index_layout (a long packet's layouts
+    /// are 9 bytes per token and plane).
+    Packet read_without_tensors_or_layouts(const std::string& id) const;
+    /// One (layer, kv-head, segment) layout of the packet's index, checked as read() checks it.
+    DciLayout read_index_layout(const std::string& id, int64_t layer, int64_t head,
+                                int64_t segment) const;
+    /// Receives a piece of one (layer, kv-head) plane of keys or values: its tokens [first,
+    /// first + rows), [rows, head_dim] in the file's dtype; the bytes are valid during the call
+    /// only.
+    using PlaneReceiver = std::function<void(int64_t layer, int64_t head, bool keys, int64_t first,
+                                             std::span<const std::byte> rows)>;
+    /// Hands the packet's keys (every plane in (layer, head) order, each in pieces in token
+    /// order), then its values, to `receive`, reading a piece of at most 16,384 tokens at a
+    /// time: memory holds one piece however long the packet (a quantised packet is dequantised
+    /// whole first, and handed out a plane at a time).
+    void read_planes(const std::string& id, const PlaneReceiver& receive) const;
+    /// Whether the packet carries an IceCache index (section 6.5), without reading it.
+    bool has_index(const std::string& id) const;
+    /// Whether the packet keeps different tokens per head (section 6.3), without reading it.
+    bool has_head_positions(const std::string& id) const;
+    /// How the packet's keys and values are stored (section 6.6), without reading them.
+    Quantization quantization(const std::string& id) const;
+    /// Whether the file holds an adapter (section 6.7).
+    bool has_adapter() const;
+    /// Reads the adapter, checking its shapes and that the vectors match its fingerprint;
+    /// throws FormatError when the file holds none or it is damaged.
+    Adapter read_adapter() const;
+
+  private:
+    bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset
+    Packet read_packet(const std::string& id, bool with_tensors, const PlaneReceiver* receive,
+                       bool with_layouts = true) const;
+
+    struct State;
+    std::unique_ptr<State> state_;
+};
+
+}  // namespace kv

@@ -1,0 +1,538 @@
+#include "kv/format/cache_reader.hpp"
+
+#include "adapter_codec.hpp"
+#include "hdf5_file.hpp"
+#include "head_positions_codec.hpp"
+#include "index_codec.hpp"
+#include "kv/error.hpp"
+#include "kv/format/quantize.hpp"
+#include "kv/mapped_file.hpp"
+#include "kv/memory.hpp"
+#include "quantized_codec.hpp"
+#include "spec.hpp"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <unordered_map>
+#include <utility>
+
+static_assert(std::endian::native == std::endian::little,
+              "tensors cross the cache file API as little-endian bytes");
+
+namespace kv {
+
+using namespace format;
+
+struct CacheReader::State {
+    std::string source;
+    std::string version;
+    CacheModelInfo model;
+    Provenance provenance;
+    std::vector<PacketInfo> packets;
+    std::unordered_map<std::string, std::size_t> by_id;
+    std::vector<char> image;       // standard input, which the file image views in place
+    RawSource raw;                 // the file's bytes, for checks HDF5 does not make
+    bool raw_checks = false;       // heap ids can be checked (no user block before the superblock)
+    bool ragged_declared = false;  // required_features lists ragged-heads
+    bool quantized_declared = false;  // and quantized-kv
+    Handle file;
+    Handle f16_type;
+
+    ~State() {
+        if (raw.fd >= 0) ::close(raw.fd);
+    }
+};
+
+CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_unique<State>()) {
+    State& s = *state_;
+    const bool from_stdin = path == "-";
+    s.source = from_stdin ? "standard input" : kv::quoted(path.string());
+    const FileReader in(s.source, &s.raw);
+    if (from_stdin) {
+        const std::string bytes = read_standard_input();
+        s.image.assign(bytes.begin(), bytes.end());
+        if (s.image.empty()) in.fail("empty input, not a cache file");
+        s.raw.image = reinterpret_cast<const std::byte*>(s.image.data());
+        s.raw.size = s.image.size();
+    } else {
+        s.raw.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (s.raw.fd < 0) throw IoError("cannot open " + s.source + ": " + system_reason());
+        struct stat info {};
+        if (::fstat(s.raw.fd, &info) != 0 || !S_ISREG(info.st_mode))
+            throw IoError("cannot open " + s.source + ": not a regular file");
+        s.raw.size = static_cast<std::size_t>(info.st_size);
+    }
+    // HDF5 looks for its signature at 0, 512, 1024, 2048, ... (after a user block).
+    static const char signature[] = "\x89HDF\r\n\x1a\n";
+    bool found = false;
+    for (uint64_t at = 0; !found && at + 8 <= s.raw.size; at = at ? at * 2 : 512) {
+        char bytes[8];
+        found = s.raw.read(at, 8, bytes) && std::memcmp(bytes, signature, 8) == 0;
+        s.raw_checks = found && at == 0;
+    }
+    if (!found) in.fail("not an HDF5 file");
+
+    const Lock lock = lock_hdf5();
+    take_read_driver_problem();
+    {
+        Handle access(make_checked_read_access(s.raw), H5Pclose);
+        if (!access.valid()) in.fail_hdf5("cannot set up reading");
+        s.file = Handle(
+            H5Fopen(from_stdin ? "standard input" : path.c_str(), H5F_ACC_RDONLY, access.get()),
+            H5Fclose);
+        // Now: closing `access` would clear the error stack.
+        if (!s.file.valid()) in.fail_hdf5("cannot open the HDF5 file");
+    }
+    const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
+    const hid_t root = s.file.get();
+
+    // Identity and version first: they decide whether anything else can be understood.
+    if (!FileReader::has_attribute(root, "format"))
+        in.fail("not a kvtools cache (no 'format' attribute)");
+    const std::string format = in.string_attribute(root, "format", "/");
+    if (format != format_name)
+        in.fail("not a kvtools cache (format is " + kv::quoted(format) + ", expected " +
+                kv::quoted(format_name) + ")");
+    s.version = in.string_attribute(root, "format_version", "/");
+    int major = -1, minor = -1;
+    char rest = 0;
+    if (std::sscanf(s.version.c_str(), "%d.%d%c", &major, &minor, &rest) != 2 || major < 0 ||
+        minor < 0)
+        in.fail("invalid format_version " + kv::quoted(s.version) + " (expected MAJOR.MINOR)");
+    if (major != format_major)
+        in.fail("format version " + s.version + " is not supported (this reader reads " +
+                std::to_string(format_major) + ".x, up to " + std::to_string(format_major) + "." +
+                std::to_string(format_minor) + ")");
+    std::vector<std::string> unknown;
+    for (const std::string& feature : in.string_list_attribute(root, "required_features", "/")) {
+        if (!known_features.count(feature)) unknown.push_back(kv::quoted(feature));
+        if (feature == ragged_feature) s.ragged_declared = true;
+        if (feature == quantized_feature) s.quantized_declared = true;
+    }
+    if (!unknown.empty()) {
+        std::string list;
+        for (const std::string& name : unknown)
+            list += (list.empty() ? "" : ", ") + name;
+        in.fail("requires " + std::string(unknown.size() == 1 ? "feature " : "features ") + list +
+                ", which this reader does not implement");
+    }
+    if (!FileReader::has_attribute(root, "complete") ||
+        in.integer_attribute(root, "complete", "/") != 1)
+        in.fail("incomplete file (no 'complete' mark): its writer did not finish");
+    const std::string dtype = in.string_attribute(root, "dtype", "/");
+    try {
+        s.model.dtype = parse_cache_dtype(dtype);
+    } catch (const FormatError&) {
+        in.fail("unknown dtype " + kv::quoted(dtype) + " (expected f32, bf16 or f16)");
+    }
+    const int64_t after_rope = in.integer_attribute(root, "keys_after_rope", "/");
+    if (after_rope != 1)
+        in.fail("keys_after_rope is " + std::to_string(after_rope) +
+                "; only keys stored after RoPE (1) are supported");
+
+    {
+        Handle group = in.open_group(root, "model", "/model");
+        const hid_t g = group.get();
+        CacheModelInfo& m = s.model;
+        m.model_fingerprint = in.string_attribute(g, "fingerprint", "/model");
+        m.model_name = in.string_attribute_or(g, "name", "/model", "");
+        m.architecture = in.string_attribute(g, "architecture", "/model");
+        m.num_layers = in.integer_attribute(g, "num_layers", "/model");
+        m.num_kv_heads = in.integer_attribute(g, "num_kv_heads", "/model");
+        m.head_dim = in.integer_attribute(g, "head_dim", "/model");
+        m.rope_layout = in.string_attribute(g, "rope_layout", "/model");
+        m.rope_theta = in.float_attribute(g, "rope_theta", "/model");
+        m.rope_scaling = in.string_attribute_or(g, "rope_scaling", "/model", "");
+        m.tokenizer_fingerprint = in.string_attribute(g, "tokenizer_fingerprint", "/model");
+        for (const auto& [name, value] :
+             {std::pair<const char*, int64_t>{"num_layers", m.num_layers},
+              {"num_kv_heads", m.num_kv_heads},
+              {"head_dim", m.head_dim}})
+            if (value <= 0 || value > (int64_t{1} << 24))
+                in.fail("invalid " + std::string(name) + " " + std::to_string(value));
+    }
+    {
+        Handle group = in.open_group(root, "provenance", "/provenance");
+        const hid_t g = group.get();
+        s.provenance.tool = in.string_attribute(g, "tool", "/provenance");
+        s.provenance.version = in.string_attribute(g, "version", "/provenance");
+        s.provenance.command_line = in.string_attribute(g, "command_line", "/provenance");
+        s.provenance.created = in.string_attribute_or(g, "created", "/provenance", "");
+    }
+
+    {
+        Handle group = in.open_group(root, "packet_index", "/packet_index");
+        const hid_t g = group.get();
+        Handle ids_dataset = in.open_dataset(g, "id", "/packet_index/id");
+        const std::vector<hsize_t> dims =
+            in.dataset_dims(ids_dataset.get(), kv::quoted("/packet_index/id"));
+        if (dims.size() != 1) in.fail("'/packet_index/id' is not 1-D");
+        const hsize_t count = dims[0];
+        if (count > memory_bytes() / 256)
+            in.fail("the packet index lists " + std::to_string(count) +
+                    " packets, more than this machine's memory can list");
+        const std::vector<std::string> ids =
+            checked.read_strings(ids_dataset.get(), true, "/packet_index/id", "");
+        const std::string length_name = "'/packet_index/id'";
+        auto strings = [&](const char* name) {
+            return checked.string_dataset(g, name, "/packet_index/" + std::string(name), count,
+                                          length_name);
+        };
+        auto integers = [&](const char* name) {
+            return in.integer_dataset(g, name, "/packet_index/" + std::string(name), count,
+                                      length_name);
+        };
+        const std::vector<std::string> hashes = strings("text_sha256");
+        const std::vector<std::string> adapters = strings("adapter_fingerprint");
+        const std::vector<int64_t> logical = integers("logical_length");
+        const std::vector<int64_t> stored = integers("stored_length");
+        const std::vector<int64_t> headers = integers("header_tokens");
+        const std::vector<int64_t> trailers = integers("trailer_tokens");
+        s.packets.reserve(count);
+        for (std::size_t i = 0; i < count; ++i) {
+            PacketInfo info{ids[i],      hashes[i],  logical[i], stored[i],
+                            adapters[i], headers[i], trailers[i]};
+            const std::string what = "packet " + kv::quoted(info.id);
+            if (info.id.empty())
+                in.fail("packet index entry " + std::to_string(i) + " has an empty id");
+            if (!valid_utf8(info.id))
+                in.fail("packet index entry " + std::to_string(i) + " has an id that is not UTF-8");
+            if (info.stored_length < 0)
+                in.fail(what + ": negative stored_length " + std::to_string(info.stored_length));
+            if (info.logical_length < info.stored_length)
+                in.fail(what + ": logical_length " + std::to_string(info.logical_length) +
+                        " is less than stored_length " + std::to_string(info.stored_length));
+            if (info.header_tokens < 0 || info.trailer_tokens < 0 ||
+                info.header_tokens > info.logical_length - info.trailer_tokens)
+                in.fail(what + ": adapter tokens (" + std::to_string(info.header_tokens) + " + " +
+                        std::to_string(info.trailer_tokens) + ") exceed logical_length " +
+                        std::to_string(info.logical_length));
+            const auto [at, inserted] = s.by_id.emplace(info.id, i);
+            if (!inserted)
+                in.fail("duplicate packet id " + kv::quoted(info.id) + " (entries " +
+                        std::to_string(at->second) + " and " + std::to_string(i) + ")");
+            s.packets.push_back(std::move(info));
+        }
+        if (count > 0) in.open_group(root, "packets", "/packets");
+    }
+    s.f16_type = make_f16_type();
+}
+
+CacheReader::~CacheReader() {
+    if (!state_) return;
+    const Lock lock = lock_hdf5();
+    state_->f16_type.reset();
+    state_->file.reset();
+}
+
+const std::string& CacheReader::source() const {
+    return state_->source;
+}
+const std::string& CacheReader::format_version() const {
+    return state_->version;
+}
+const CacheModelInfo& CacheReader::model() const {
+    return state_->model;
+}
+const Provenance& CacheReader::provenance() const {
+    return state_->provenance;
+}
+const std::vector<PacketInfo>& CacheReader::packets() const {
+    return state_->packets;
+}
+
+bool CacheReader::has_packet(const std::string& id) const {
+    return state_->by_id.count(id) != 0;
+}
+
+const PacketInfo& CacheReader::packet_info(const std::string& id) const {
+    const auto found = state_->by_id.find(id);
+    if (found == state_->by_id.end()) {
+        // Name a few of the ids it does hold: the usual cause is a typo or the wrong file.
+        std::string held;
+        for (std::size_t i = 0; i < state_->packets.size() && i < 5; ++i)
+            held += (i ? ", " : "") + kv::quoted(state_->packets[i].id);
+        if (state_->packets.size() > 5) held += ", ...";
+        throw FormatError("no packet " + kv::quoted(id) + " in " + state_->source +
+                          (held.empty() ? " (it holds no packet)"
+                                        : " (it holds " + std::to_string(state_->packets.size()) +
+                                              ": " + held + ")"));
+    }
+    return state_->packets[found->second];
+}
+
+Packet CacheReader::read(const std::string& id) const {
+    return read_packet(id, true, nullptr);
+}
+
+Packet CacheReader::read_without_tensors(const std::string& id) const {
+    return read_packet(id, false, nullptr);
+}
+
+Packet CacheReader::read_without_tensors_or_layouts(const std::string& id) const {
+    return read_packet(id, false, nullptr, false);
+}
+
+DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, int64_t head,
+                                         int64_t segment) const {
+    const State& s = *state_;
+    const PacketInfo& info = packet_info(id);
+    const CacheModelInfo& m = s.model;
+    if (layer < 0 || layer >= m.num_layers || head < 0 || head >= m.num_kv_heads || segment < 0)
+        throw UsageError("no index layout for layer " + std::to_string(layer) + ", kv-head " +
+                         std::to_string(head) + ", segment " + std::to_string(segment) + " in " +
+                         s.source);
+    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id));
+    const Lock lock = lock_hdf5();
+    Handle group = in.open_group(s.file.get(), path, path);
+    PacketIndex index = read_index(
+        in, group.get(), m, info.stored_length,
+        {LayoutChoice::Which::one, static_cast<std::size_t>(layer * m.num_kv_heads + head),
+         static_cast<std::size_t>(segment)});
+    if (index.layouts.size() != 1) in.fail("has no index");
+    return std::move(index.layouts.front());
+}
+
+void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receive) const {
+    read_packet(id, false, &receive);
+}
+
+Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
+                                const PlaneReceiver* receive, bool with_layouts) const {
+    const State& s = *state_;
+    const PacketInfo& info = packet_info(id);
+    const std::size_t ordinal = s.by_id.at(id);
+    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const std::string path = "/packets/" + packet_group_name(ordinal);
+    const CacheModelInfo& m = s.model;
+
+    const Lock lock = lock_hdf5();
+    Handle group = in.open_group(s.file.get(), path, path);
+    const hid_t g = group.get();
+    if (in.string_attribute(g, "id", path) != id)
+        in.fail("the id of group " + kv::quoted(path) + " differs from the packet index");
+    for (const auto& [name, value] :
+         {std::pair<const char*, int64_t>{"logical_length", info.logical_length},
+          {"stored_length", info.stored_length}})
+        if (in.integer_attribute(g, name, path) != value)
+            in.fail(std::string(name) + " of group " + kv::quoted(path) +
+                    " differs from the packet index");
+
+    Packet packet;
+    packet.id = info.id;
+    packet.text_sha256 = info.text_sha256;
+    packet.logical_length = info.logical_length;
+    packet.adapter_fingerprint = info.adapter_fingerprint;
+    packet.header_tokens = info.header_tokens;
+    packet.trailer_tokens = info.trailer_tokens;
+    const hsize_t length = static_cast<hsize_t>(info.stored_length);
+
+    if (info.stored_length > static_cast<int64_t>(memory_bytes() / 16))
+        in.fail("stored_length " + std::to_string(info.stored_length) +
+                " exceeds this machine's memory");
+    const std::vector<int64_t> token_ids =
+        in.integer_dataset(g, "token_ids", "token_ids", length, "stored_length");
+    packet.token_ids.reserve(token_ids.size());
+    for (int64_t token : token_ids) {
+        if (token < -1 || token > std::numeric_limits<int32_t>::max())
+            in.fail("invalid token id " + std::to_string(token));
+        packet.token_ids.push_back(static_cast<int32_t>(token));
+    }
+    packet.positions = in.integer_dataset(g, "positions", "positions", length, "stored_length");
+    for (int64_t position : packet.positions)
+        if (position < 0 || position >= info.logical_length)
+            in.fail("position " + std::to_string(position) + " is outside [0, logical_length " +
+                    std::to_string(info.logical_length) + ")");
+
+    const bool quantized = H5Lexists(g, "quantized", H5P_DEFAULT) > 0;
+    std::size_t bytes = 0;
+    try {
+        bytes = checked_elements({m.num_layers, m.num_kv_heads, info.stored_length, m.head_dim}) *
+                cache_dtype_size(m.dtype);
+    } catch (const FormatError&) {
+        in.fail("stored_length " + std::to_string(info.stored_length) + " is too large");
+    }
+    // A sparse or hostile file can declare more than fits; fail rather than meet the OOM killer.
+    if ((with_tensors || quantized) && bytes > memory_bytes() / 2)
+        in.fail("its keys and values need " + std::to_string(2 * bytes) +
+                " bytes, more than this machine's memory");
+    // A dataset of keys or values in the file's dtype and of the given shape, and the memory
+    // type it is read as.
+    auto open_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens) {
+        const std::vector<hsize_t> expected = {static_cast<hsize_t>(m.num_layers),
+                                               static_cast<hsize_t>(m.num_kv_heads), tokens,
+                                               static_cast<hsize_t>(m.head_dim)};
+        Handle dataset = in.open_dataset(parent, name, name);
+        const std::vector<hsize_t> dims = in.dataset_dims(dataset.get(), kv::quoted(name));
+        if (dims != expected)
+            in.fail(kv::quoted(name) + " has shape " + shape_text(dims) + ", expected " +
+                    shape_text(expected) + " (layers, kv-heads, tokens, head_dim)");
+        Handle type(H5Dget_type(dataset.get()), H5Tclose);
+        const H5T_class_t type_class = H5Tget_class(type.get());
+        const std::size_t size = H5Tget_size(type.get());
+        hid_t memory_type = H5T_NATIVE_FLOAT;
+        bool matches = false;
+        switch (m.dtype) {
+            case CacheDtype::f32:
+                matches = type_class == H5T_FLOAT && size == 4;
+                break;
+            case CacheDtype::f16: {
+                std::size_t spos = 0, epos = 0, esize = 0, mpos = 0, msize = 0;
+                matches = type_class == H5T_FLOAT && size == 2 &&
+                          H5Tget_fields(type.get(), &spos, &epos, &esize, &mpos, &msize) >= 0 &&
+                          spos == 15 && epos == 10 && esize == 5 && mpos == 0 && msize == 10 &&
+                          H5Tget_ebias(type.get()) == 15;
+                memory_type = s.f16_type.get();
+                break;
+            }
+            case CacheDtype::bf16:
+                matches = type_class == H5T_INTEGER && size == 2 &&
+                          H5Tget_sign(type.get()) == H5T_SGN_NONE;
+                if (matches && in.string_attribute_or(dataset.get(), "dtype", name, "") != "bf16")
+                    in.fail(kv::quoted(name) + " lacks the attribute dtype = 'bf16'");
+                memory_type = H5T_NATIVE_UINT16;
+                break;
+        }
+        if (!matches)
+            in.fail(kv::quoted(name) + " are not stored as " + cache_dtype_name(m.dtype) +
+                    " (the file's dtype)");
+        return std::pair<Handle, hid_t>(std::move(dataset), memory_type);
+    };
+    // A whole tensor (keys, values, a quantised residual).
+    auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
+                           std::vector<std::byte>& target) {
+        auto [dataset, memory_type] = open_tensor(parent, name, tokens);
+        resize_for_bulk_read(target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) *
+                                         tokens * static_cast<std::size_t>(m.head_dim) *
+                                         cache_dtype_size(m.dtype));
+        if (!target.empty() &&
+            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
+            in.fail_hdf5("cannot read " + kv::quoted(name));
+    };
+    if (receive && !quantized) {
+        // One (layer, kv-head) plane at a time, in pieces of at most 16,384 tokens: the chunks
+        // [1, 1, T, D] are read in order and memory holds one piece, however long the packet.
+        const auto row_bytes = static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype);
+        const hsize_t piece_tokens = std::min<hsize_t>(length, 16384);
+        std::vector<std::byte> piece(static_cast<std::size_t>(piece_tokens) * row_bytes);
+        for (const bool keys : {true, false}) {
+            const char* name = keys ? "keys" : "values";
+            auto [dataset, memory_type] = open_tensor(g, name, length);
+            Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+            for (int64_t layer = 0; layer < m.num_layers; ++layer)
+                for (int64_t head = 0; head < m.num_kv_heads; ++head)
+                    for (hsize_t first = 0; first < length; first += piece_tokens) {
+                        const hsize_t count[4] = {1, 1, std::min(piece_tokens, length - first),
+                                                  static_cast<hsize_t>(m.head_dim)};
+                        const hsize_t start[4] = {static_cast<hsize_t>(layer),
+                                                  static_cast<hsize_t>(head), first, 0};
+                        Handle memory_space(H5Screate_simple(4, count, nullptr), H5Sclose);
+                        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr,
+                                                count, nullptr) < 0 ||
+                            H5Dread(dataset.get(), memory_type, memory_space.get(),
+                                    file_space.get(), H5P_DEFAULT, piece.data()) < 0)
+                            in.fail_hdf5("cannot read " + kv::quoted(name));
+                        (*receive)(layer, head, keys, static_cast<int64_t>(first),
+                                   std::span<const std::byte>(piece).first(
+                                       static_cast<std::size_t>(count[2]) * row_bytes));
+                    }
+        }
+    }
+    if (quantized && (with_tensors || receive)) {
+        if (!s.quantized_declared)
+            in.fail("is quantised but the file does not list the feature " +
+                    kv::quoted(quantized_feature));
+        read_quantized(in, g, m, info.stored_length, read_tensor, packet);
+    } else if (with_tensors) {
+        read_tensor(g, "keys", length, packet.keys);
+        read_tensor(g, "values", length, packet.values);
+    }
+    if (receive && quantized) {
+        // Dequantised whole (the codes are read in one piece), then handed out plane by plane.
+        const std::size_t plane_bytes = static_cast<std::size_t>(info.stored_length) *
+                                        static_cast<std::size_t>(m.head_dim) *
+                                        cache_dtype_size(m.dtype);
+        for (const bool keys : {true, false}) {
+            std::vector<std::byte>& tensor = keys ? packet.keys : packet.values;
+            for (int64_t layer = 0; layer < m.num_layers; ++layer)
+                for (int64_t head = 0; head < m.num_kv_heads; ++head)
+                    (*receive)(
+                        layer, head, keys, 0,
+                        std::span<const std::byte>(tensor).subspan(
+                            static_cast<std::size_t>(layer * m.num_kv_heads + head) * plane_bytes,
+                            plane_bytes));
+            tensor = {};
+        }
+        packet.stored_quantized.reset();
+    }
+    if (format::has_head_positions(g)) {
+        if (!s.ragged_declared)
+            in.fail(
+                "has per-head kept tokens (head_lengths) but the file does not list the "
+                "feature " +
+                kv::quoted(ragged_feature));
+        read_head_positions(in, g, m, packet);
+    }
+    packet.index =
+        read_index(in, g, m, info.stored_length,
+                   {with_layouts ? LayoutChoice::Which::all : LayoutChoice::Which::none});
+    if (packet.padded() && !packet.index.empty())
+        in.fail("has an index over heads of unequal lengths, which is not defined");
+    return packet;
+}
+
+bool CacheReader::packet_has(const std::string& id, const char* child) const {
+    const State& s = *state_;
+    packet_info(id);
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/" + child;
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+bool CacheReader::has_index(const std::string& id) const {
+    return packet_has(id, "index");
+}
+
+Quantization CacheReader::quantization(const std::string& id) const {
+    const State& s = *state_;
+    const Lock lock = lock_hdf5();
+    if (!packet_has(id, "quantized")) return {};
+    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
+    Handle group = in.open_group(s.file.get(), path, path);
+    return read_quantization(in, group.get());
+}
+
+bool CacheReader::has_adapter() const {
+    const Lock lock = lock_hdf5();
+    const htri_t exists = H5Lexists(state_->file.get(), "adapter", H5P_DEFAULT);
+    if (exists < 0) H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+Adapter CacheReader::read_adapter() const {
+    const State& s = *state_;
+    if (!has_adapter())
+        throw FormatError(s.source + " holds no adapter (kvtrain writes adapter files)");
+    const Lock lock = lock_hdf5();
+    const FileReader in(s.source, s.raw_checks ? &s.raw : nullptr);
+    return format::read_adapter(in, s.file.get());
+}
+
+bool CacheReader::has_head_positions(const std::string& id) const {
+    return packet_has(id, "head_lengths");
+}
+
+}  // namespace kv

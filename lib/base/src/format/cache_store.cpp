@@ -1,0 +1,101 @@
+#include "kv/format/cache_store.hpp"
+
+#include "hdf5_file.hpp"
+#include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+namespace kv {
+
+using format::system_reason;
+
+void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
+                       const std::filesystem::path& output, const Provenance& provenance,
+                       const CacheWriteOptions& options) {
+    if (inputs.empty()) throw UsageError("nothing to merge: no input files");
+    if (std::count(inputs.begin(), inputs.end(), std::filesystem::path("-")) > 1)
+        throw UsageError("standard input ('-') can be read only once");
+    std::vector<std::unique_ptr<CacheReader>> readers;
+    for (const std::filesystem::path& input : inputs)
+        readers.push_back(std::make_unique<CacheReader>(input));
+
+    const CacheReader& first = *readers.front();
+    std::unordered_map<std::string, const CacheReader*> owner;
+    for (const auto& reader : readers) {
+        if (reader.get() != &first) {
+            try {
+                check_compatible(first.model(), reader->model(), reader->source());
+            } catch (const MismatchError& error) {
+                throw MismatchError("cannot merge " + reader->source() + " with " + first.source() +
+                                    ": " + error.what());
+            }
+        }
+        for (const PacketInfo& info : reader->packets()) {
+            const auto [at, inserted] = owner.emplace(info.id, reader.get());
+            if (!inserted)
+                throw MismatchError("cannot merge: packet id " + kv::quoted(info.id) +
+                                    " is in both " + at->second->source() + " and " +
+                                    reader->source());
+        }
+    }
+
+    CacheWriter writer(output, first.model(), provenance, options);
+    for (const auto& reader : readers)
+        for (const PacketInfo& info : reader->packets())
+            writer.add(reader->read(info.id));
+    writer.finish();
+}
+
+CacheFileLock::CacheFileLock(const std::filesystem::path& path) {
+    const std::string source = kv::quoted(path.string());
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            if (errno == ENOENT) return;
+            throw IoError("cannot open " + source + ": " + system_reason());
+        }
+        if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            const bool busy = errno == EWOULDBLOCK;
+            const std::string reason = system_reason();
+            ::close(fd);
+            throw IoError(busy ? source +
+                                     " is locked: another process is writing it (try again "
+                                     "when it has finished)"
+                               : "cannot lock " + source + ": " + reason);
+        }
+        // The holder before us may have replaced the file: then our lock is on the old one.
+        struct stat locked {
+        }, named{};
+        if (::fstat(fd, &locked) == 0 && ::stat(path.c_str(), &named) == 0 &&
+            locked.st_dev == named.st_dev && locked.st_ino == named.st_ino) {
+            fd_ = fd;
+            return;
+        }
+        ::close(fd);
+    }
+    throw IoError("cannot lock " + source + ": it keeps being replaced");
+}
+
+CacheFileLock::~CacheFileLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+CacheSelection parse_cache_selection(const std::string& spec) {
+    const std::size_t colon = spec.rfind(':');
+    if (spec != "-" && colon != std::string::npos && colon > 0 && !std::filesystem::exists(spec) &&
+        std::filesystem::exists(spec.substr(0, colon)))
+        return {spec.substr(0, colon), spec.substr(colon + 1)};
+    return {spec, ""};
+}
+
+}  // namespace kv
