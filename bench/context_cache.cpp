@@ -1,5 +1,5 @@
 // Writes one long synthetic packet for a model, for timing decode against context length
-// without prefilling it (scripts/bench-decode-context drives it):
+// without prefilling it (bench/bench-decode-context drives it):
 //
 //   kv_bench_context_cache --like SMALL.kvc --tokens N -o OUT.kvc [--seed 1]
 //

@@ -1,5 +1,5 @@
 // The DCI index against brute force on keys of real shape: build time, query time, dot products
-// and recall of the top pages, at one size per run. scripts/bench-icecache drives it.
+// and recall of the top pages, at one size per run. bench/bench-icecache drives it.
 //
 //   kv_bench_dci_index --keys N [--head-dim 128] [--queries 50] [--pages 12] [--seed 1]
 //

@@ -1,5 +1,5 @@
 // Trains kvtools' demo model: a small Llama-architecture decoder learnt on CPU from the task
-// generators' text (scripts/kvtasks.py train), with libtorch autograd through kv::Model's own
+// generators' text (bench/kvtasks train), with libtorch autograd through kv::Model's own
 // forward pass, so the model that is trained is exactly the model the tools run.
 //
 // Not a user tool: scripts/train-demo-model drives it and documents the recipe. The weights are
@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
     Options o;
     CLI::App app{"Trains kvtools' demo model (see scripts/train-demo-model)."};
-    app.add_option("--data", o.data, "training JSONL from kvtasks.py train")->required();
+    app.add_option("--data", o.data, "training JSONL from bench/kvtasks train")->required();
     app.add_option("-o,--output", o.output, "output model folder")->required();
     app.add_option("--tokenizer-dir", o.tokenizer_dir, "folder with tokenizer.json")->required();
     app.add_option("--hidden", o.hidden);

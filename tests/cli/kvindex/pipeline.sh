@@ -1,7 +1,7 @@
 # bake | index | pack | serve with IceCache's sparse attention in one pipe decodes as the same
 # steps through files, and the context is served by the index kvindex stored, not rebuilt.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/scripts/kvtasks.py"
+tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
 $tasks niah --tokens 600 --documents 2 --count 1 --seed 3 -o task.jsonl \
     --tokenizer "$demo/tokenizer.json"
 $tasks bake-input task.jsonl -o docs.jsonl

@@ -6,7 +6,7 @@
 # arithmetic), with every method and with full attention. Standard input and a context without
 # --cache files are refused.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/scripts/kvtasks.py"
+tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
 $tasks niah --tokens 1200 --documents 3 --count 1 --seed 4 -o task.jsonl \
     --tokenizer "$demo/tokenizer.json"
 $tasks bake-input task.jsonl -o docs.jsonl

@@ -1,20 +1,20 @@
-#!/usr/bin/python3
 """Evaluation tasks and training text for kvtools: generators, token counting and metrics.
 
-Standard library only. Every generator is deterministic for a given --seed.
+Standard library only. Every generator is deterministic for a given --seed. The command line is
+bench/kvtasks; the benchmark drivers call generate(), bake_input() and score() directly.
 
-    kvtasks.py passkey   --tokens 2048 [--depths 10] [--per-depth 1]   classic passkey in filler
-    kvtasks.py multikey  --tokens 2048 [--keys 4] [--count 50]          several needles, one asked
-    kvtasks.py bios      --tokens 2048 [--documents 8] [--count 50]     biographies, one attribute asked
-    kvtasks.py twohop    --tokens 2048 [--documents 8] [--count 50]     two facts in two documents
-    kvtasks.py niah      --tokens 2048 [--documents 8] [--count 50]     needles in separate documents
-    kvtasks.py train     --tokens 2048 --count N [--kinds K,...]        the demo model's training text
-    kvtasks.py score     PREDICTIONS.jsonl [--gold TASKS.jsonl]         exact match and micro-F1
+    kvtasks passkey   --tokens 2048 [--depths 10] [--per-depth 1]   classic passkey in filler
+    kvtasks multikey  --tokens 2048 [--keys 4] [--count 50]          several needles, one asked
+    kvtasks bios      --tokens 2048 [--documents 8] [--count 50]     biographies, one attribute asked
+    kvtasks twohop    --tokens 2048 [--documents 8] [--count 50]     two facts in two documents
+    kvtasks niah      --tokens 2048 [--documents 8] [--count 50]     needles in separate documents
+    kvtasks train     --tokens 2048 --count N [--kinds K,...]        the demo model's training text
+    kvtasks score     PREDICTIONS.jsonl [--gold TASKS.jsonl]         exact match and micro-F1
 
 Task lines are {"id", "task", "documents": [...], "question", "answer", "context_tokens", ...}:
 the full prompt is the documents joined as they are (each ends with a newline) followed by the
 question, which ends with the start of the answer so that a base model continues it. That is the
-shape kvtrain reads ({"documents", "question"}); `kvtasks.py bake-input` turns the documents into
+shape kvtrain reads ({"documents", "question"}); `kvtasks bake-input` turns the documents into
 kvbake's {"id", "text"} lines. Lengths are in tokens of the demo model's tokenizer
 (models/demo/tokenizer.json), counted exactly with the same BPE; --chars-per-token estimates them
 for another model instead.
@@ -28,8 +28,11 @@ import re
 import string
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_TOKENIZER = os.path.join(HERE, "..", "models", "demo", "tokenizer.json")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_TOKENIZER = os.path.join(ROOT, "models", "demo", "tokenizer.json")
+TASKS = ("passkey", "multikey", "bios", "twohop", "niah")
+# Answer tokens to generate: enough for the longest answer and its newline.
+PREDICT = {"passkey": 8, "multikey": 10, "bios": 6, "twohop": 24, "niah": 10}
 
 # The demo tokenizer's pre-tokenizer, written for ASCII (every generated text is ASCII); the
 # tokenizer.json carries the same pattern with \p{L} and \p{N}.
@@ -561,13 +564,60 @@ def write_lines(items, output):
         os.replace(output + ".tmp", output)
 
 
+def generate(task, tokens=2048, count=50, seed=1, depths=10, per_depth=1, keys=4, documents=8,
+             kinds=None, tokenizer=None, chars_per_token=None):
+    """The samples `kvtasks TASK` writes with these options (the same defaults): a list for the
+    tasks, an iterator of training sequences for "train"."""
+    rng = random.Random(f"{task}-{tokens}-{seed}")
+    counter = TokenCounter(tokenizer, chars_per_token)
+    if task == "passkey":
+        items, index = [], 0
+        for d in range(depths):
+            depth = d / max(1, depths - 1)
+            for _ in range(per_depth):
+                items.append(finish(make_passkey(rng, counter, tokens, depth), counter, index,
+                                    tokens))
+                index += 1
+        return items
+    if task == "train":
+        unknown = sorted(set(kinds or []) - set(TRAINING_KINDS))
+        if unknown:
+            raise ValueError(f"unknown training kind {unknown[0]!r} (known: "
+                             f"{', '.join(TRAINING_KINDS)})")
+        return (training_sample(rng, counter, tokens, kinds) for _ in range(count))
+    make = {"multikey": lambda: make_multikey(rng, counter, tokens, keys),
+            "bios": lambda: make_bios(rng, counter, tokens, documents),
+            "twohop": lambda: make_twohop(rng, counter, tokens, documents),
+            "niah": lambda: make_niah(rng, counter, tokens, documents)}[task]
+    return [finish(make(), counter, i, tokens) for i in range(count)]
+
+
+def evaluation_samples(task, tokens, count, seed):
+    """The samples eval-tasks and eval-compress score: `count` of the task (passkey: ten depths,
+    count // 10 at each, at least one; multi-key: four keys; the others: eight documents)."""
+    if task == "passkey":
+        return generate(task, tokens, seed=seed, depths=10, per_depth=max(1, count // 10))
+    return generate(task, tokens, count, seed, keys=4)
+
+
+def bake_input(samples):
+    """kvbake's input lines for the samples' documents: one packet per document, "ID/INDEX"."""
+    return [{"id": f"{t['id']}/{i}", "text": d} for t in samples
+            for i, d in enumerate(t["documents"])]
+
+
+def read_lines(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = argparse.ArgumentParser(prog="kvtasks", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     sub = parser.add_subparsers(dest="command", required=True)
     generators = {}
-    for name in ("passkey", "multikey", "bios", "twohop", "niah", "train"):
+    for name in TASKS + ("train",):
         p = sub.add_parser(name)
         p.add_argument("--tokens", type=int, default=2048, help="context length in tokens")
         p.add_argument("--count", type=int, default=50, help="number of samples")
@@ -595,44 +645,24 @@ def main():
     if args.command == "score":
         gold = {}
         if args.gold:
-            with open(args.gold, encoding="utf-8") as f:
-                gold = {t["id"]: t["answer"] for t in map(json.loads, f)}
-        with open(args.predictions, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f if line.strip()]
+            gold = {t["id"]: t["answer"] for t in read_lines(args.gold)}
+        rows = read_lines(args.predictions)
         pairs = [(r["prediction"], gold.get(r.get("id"), r.get("answer"))) for r in rows]
         print(json.dumps(score(pairs)))
         return
     if args.command == "bake-input":
-        with open(args.tasks, encoding="utf-8") as f:
-            tasks = [json.loads(line) for line in f if line.strip()]
-        write_lines(({"id": f"{t['id']}/{i}", "text": d} for t in tasks
-                     for i, d in enumerate(t["documents"])), args.output)
+        write_lines(bake_input(read_lines(args.tasks)), args.output)
         return
 
-    rng = random.Random(f"{args.command}-{args.tokens}-{args.seed}")
-    counter = TokenCounter(args.tokenizer, args.chars_per_token)
-    items = []
-    if args.command == "passkey":
-        index = 0
-        for d in range(args.depths):
-            depth = d / max(1, args.depths - 1)
-            for _ in range(args.per_depth):
-                items.append(finish(make_passkey(rng, counter, args.tokens, depth), counter,
-                                    index, args.tokens))
-                index += 1
-    elif args.command == "train":
-        kinds = args.kinds.split(",") if args.kinds else None
-        unknown = sorted(set(kinds or []) - set(TRAINING_KINDS))
-        if unknown:
-            parser.error(f"unknown training kind {unknown[0]!r} (known: "
-                         f"{', '.join(TRAINING_KINDS)})")
-        items = (training_sample(rng, counter, args.tokens, kinds) for _ in range(args.count))
-    else:
-        make = {"multikey": lambda: make_multikey(rng, counter, args.tokens, args.keys),
-                "bios": lambda: make_bios(rng, counter, args.tokens, args.documents),
-                "twohop": lambda: make_twohop(rng, counter, args.tokens, args.documents),
-                "niah": lambda: make_niah(rng, counter, args.tokens, args.documents)}[args.command]
-        items = [finish(make(), counter, i, args.tokens) for i in range(args.count)]
+    options = {name: getattr(args, name) for name in ("depths", "per_depth", "keys", "documents")
+               if hasattr(args, name)}
+    kinds = args.kinds.split(",") if getattr(args, "kinds", None) else None
+    try:
+        items = generate(args.command, args.tokens, args.count, args.seed, kinds=kinds,
+                         tokenizer=args.tokenizer, chars_per_token=args.chars_per_token,
+                         **options)
+    except ValueError as error:
+        parser.error(str(error))
     write_lines(items, args.output)
 
 
