@@ -41,8 +41,9 @@ class Tokenizer {
     /// The ids that Hugging Face's add_special_tokens=True puts before and after one text: BOS
     /// for Llama and Mistral, nothing for GPT-2 and Qwen, whatever a tokenizer.json's
     /// TemplateProcessing says (Whisper's two start tokens and EOS after the text), as
-    /// transformers rebuilds it for Llama-style tokenizers from add_bos_token and add_eos_token.
-    /// The prefix is [bos_id()] exactly when add_bos() is true.
+    /// transformers rebuilds it for Llama-style tokenizers from add_bos_token and add_eos_token;
+    /// for sentencepiece models BOS when add_bos() and EOS when add_eos_token says so; llama2.c's
+    /// BOS. add_bos() may differ: it follows add_bos_token whatever the tokenizer class.
     const std::vector<int32_t>& special_prefix() const { return special_prefix_; }
     const std::vector<int32_t>& special_suffix() const { return special_suffix_; }
     /// special_prefix(), encode(text), special_suffix().
@@ -52,12 +53,14 @@ class Tokenizer {
     const std::vector<int32_t>& end_of_generation_ids() const { return end_of_generation_ids_; }
 
     /// Sentencepiece-style models prepend a space to the text (the "dummy prefix"), so decoding
-    /// drops one leading space from the first piece of text and from the piece right after BOS,
-    /// as llama2.c does.
+    /// drops one leading space from the first piece of text; llama2.c tok*.bin tokenizers also
+    /// from the piece right after every BOS, as llama2.c does.
     bool strips_leading_space() const { return strips_leading_space_; }
 
     /// The concatenated bytes of the ids, with the leading-space rule applied: decode(encode(s))
-    /// gives s back.
+    /// gives s back. Special tokens decode to nothing; elsewhere than in llama2.c's tokenizers a
+    /// BOS inside the ids does not start the text again, as in Hugging Face's decode with
+    /// skip_special_tokens=True and sentencepiece's.
     std::string decode(std::span<const int32_t> ids) const;
 
     /// Hex SHA-256 over the tokenizer file's bytes and the special-token settings (BOS, EOS,
@@ -79,6 +82,7 @@ class Tokenizer {
     int32_t eos_id_ = -1;
     bool add_bos_ = false;
     bool strips_leading_space_ = false;
+    bool strips_space_after_every_bos_ = false;  // llama2.c's rule
     std::vector<int32_t> special_prefix_;
     std::vector<int32_t> special_suffix_;
     std::vector<int32_t> end_of_generation_ids_;

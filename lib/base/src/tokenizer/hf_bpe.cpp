@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -571,37 +572,40 @@ class HfBpeTokenizer final : public Tokenizer {
 
     void build_token_bytes() {
         token_bytes_.resize(id_to_token_.size());
-        const auto& alphabet = ByteLevelAlphabet::get();
         for (size_t id = 0; id < id_to_token_.size(); ++id) {
-            if (!has_token_[id]) continue;
-            const std::string& token = id_to_token_[id];
-            std::string& bytes = token_bytes_[id];
-            if (kind_ == "hf-bpe-bytelevel") {
-                auto* p = reinterpret_cast<const unsigned char*>(token.data());
-                auto* end = p + token.size();
-                while (p < end) {
-                    size_t length = utf8::valid_length(p, end);
-                    auto it = length ? alphabet.byte_of_code_point.find(utf8::decode(p, length))
-                                     : alphabet.byte_of_code_point.end();
-                    if (it != alphabet.byte_of_code_point.end()) {
-                        bytes += static_cast<char>(it->second);
-                    } else {
-                        // Outside the byte alphabet the tokenizers library keeps the text.
-                        bytes.append(reinterpret_cast<const char*>(p), length ? length : 1);
-                    }
-                    p += length ? length : 1;
-                }
-            } else {
-                int byte = byte_fallback_ ? byte_of_piece(token) : -1;
-                bytes = byte >= 0 ? std::string(1, static_cast<char>(byte))
-                                  : replace_all(token, metaspace, " ");
-            }
+            if (has_token_[id]) token_bytes_[id] = decoded_bytes(id_to_token_[id]);
         }
-        // Added tokens are written as they are, and special ones not at all.
+        // Special added tokens are not written at all; the others go through the decoder like
+        // any token, as in the tokenizers library (Gemma's "▁▁" is two spaces).
         for (const AddedToken& token : added_tokens_) {
-            token_bytes_[static_cast<size_t>(token.id)] = token.special ? "" : token.content;
+            token_bytes_[static_cast<size_t>(token.id)] =
+                token.special ? "" : decoded_bytes(token.content);
         }
         if (unk_id_ >= 0) token_bytes_[static_cast<size_t>(unk_id_)] = "";
+    }
+
+    // What the decoder makes of one token: ByteLevel maps each character back to its byte and
+    // keeps the token as it is when one is outside the byte alphabet; the sentencepiece-style
+    // decoders turn <0xNN> into its byte (with byte fallback) and metaspaces into spaces.
+    std::string decoded_bytes(const std::string& token) const {
+        if (kind_ != "hf-bpe-bytelevel") {
+            int byte = byte_fallback_ ? byte_of_piece(token) : -1;
+            return byte >= 0 ? std::string(1, static_cast<char>(byte))
+                             : replace_all(token, metaspace, " ");
+        }
+        const auto& alphabet = ByteLevelAlphabet::get();
+        std::string bytes;
+        auto* p = reinterpret_cast<const unsigned char*>(token.data());
+        auto* end = p + token.size();
+        while (p < end) {
+            size_t length = utf8::valid_length(p, end);
+            auto it = length ? alphabet.byte_of_code_point.find(utf8::decode(p, length))
+                             : alphabet.byte_of_code_point.end();
+            if (it == alphabet.byte_of_code_point.end()) return token;
+            bytes += static_cast<char>(it->second);
+            p += length;
+        }
+        return bytes;
     }
 
     static int byte_of_piece(std::string_view piece) {
@@ -626,7 +630,9 @@ class HfBpeTokenizer final : public Tokenizer {
     // BOS, EOS and add_bos from tokenizer_config.json, else the post-processor's template, else
     // config.json and generation_config.json; every listed EOS ends a generation.
     void resolve_special_tokens(const Value* post_processor, const ModelConfigs& configs) {
-        int32_t template_bos = template_prefix_token(post_processor);
+        const std::optional<Template> processing = single_template(post_processor);
+        const int32_t template_bos =
+            processing && !processing->prefix.empty() ? processing->prefix.front() : -1;
         const Value* tokenizer_config =
             configs.tokenizer_config ? &*configs.tokenizer_config : nullptr;
         const Value* model_config = configs.model_config ? &*configs.model_config : nullptr;
@@ -652,6 +658,23 @@ class HfBpeTokenizer final : public Tokenizer {
         add_bos_ = add_bos && add_bos->is_bool() ? add_bos->as_bool() : template_bos >= 0;
         if (add_bos_ && bos_id_ < 0) add_bos_ = false;
 
+        // What add_special_tokens=True adds: the template, except that transformers rebuilds it
+        // for Llama-style tokenizers from add_bos_token (default true) and add_eos_token
+        // (default false).
+        const std::string tokenizer_class =
+            tokenizer_config ? string_field(*tokenizer_config, "tokenizer_class") : "";
+        if (is_llama_style_class(tokenizer_class)) {
+            auto config_flag = [&](const char* key, bool fallback) {
+                const Value* value = tokenizer_config->find(key);
+                return value && value->is_bool() ? value->as_bool() : fallback;
+            };
+            if (config_flag("add_bos_token", true) && bos_id_ >= 0) special_prefix_ = {bos_id_};
+            if (config_flag("add_eos_token", false) && eos_id_ >= 0) special_suffix_ = {eos_id_};
+        } else if (processing) {
+            special_prefix_ = processing->prefix;
+            special_suffix_ = processing->suffix;
+        }
+
         add_end_of_generation(eos_id_);
         for (const Value* config : {model_config, generation}) {
             for (int32_t id : config_ids(config, "eos_token_id"))
@@ -668,36 +691,64 @@ class HfBpeTokenizer final : public Tokenizer {
         }
     }
 
-    // The special token a TemplateProcessing puts before the text ($A), or -1.
-    int32_t template_prefix_token(const Value* processor) const {
-        if (!processor || !processor->is_object()) return -1;
+    // What a TemplateProcessing's "single" template puts before and after the text ($A).
+    struct Template {
+        std::vector<int32_t> prefix, suffix;
+    };
+
+    // The TemplateProcessing of the post-processor (alone or in a Sequence), or nullopt.
+    std::optional<Template> single_template(const Value* processor) const {
+        if (!processor || !processor->is_object()) return std::nullopt;
         const std::string& type = type_of(*processor);
         if (type == "Sequence") {
             const Value* processors = processor->find("processors");
-            if (!processors || !processors->is_array()) return -1;
+            if (!processors || !processors->is_array()) return std::nullopt;
             for (const Value& inner : processors->as_array()) {
-                int32_t id = template_prefix_token(&inner);
-                if (id >= 0) return id;
+                if (auto found = single_template(&inner)) return found;
             }
-            return -1;
+            return std::nullopt;
         }
-        if (type != "TemplateProcessing") return -1;
+        if (type != "TemplateProcessing") return std::nullopt;
         const Value* single = processor->find("single");
-        if (!single || !single->is_array() || single->size() == 0) return -1;
-        const Value* special = (*single)[0].find("SpecialToken");
-        if (!special) return -1;
-        std::string name = string_field(*special, "id");
-        if (const Value* table = processor->find("special_tokens")) {
+        if (!single || !single->is_array()) return std::nullopt;
+        Template result;
+        bool after_text = false;
+        for (const Value& piece : single->as_array()) {
+            if (piece.find("Sequence")) {
+                after_text = true;
+                continue;
+            }
+            const Value* special = piece.find("SpecialToken");
+            if (!special) continue;
+            std::vector<int32_t> ids = special_token_ids(*processor, string_field(*special, "id"));
+            auto& side = after_text ? result.suffix : result.prefix;
+            side.insert(side.end(), ids.begin(), ids.end());
+        }
+        return result;
+    }
+
+    // The ids of a template's special token: its entry in "special_tokens", else the token.
+    std::vector<int32_t> special_token_ids(const Value& processor, const std::string& name) const {
+        std::vector<int32_t> ids;
+        if (const Value* table = processor.find("special_tokens")) {
             if (const Value* entry = table->find(name)) {
-                if (const Value* ids = entry->find("ids"); ids && ids->is_array() && ids->size()) {
-                    const Value& id = (*ids)[0];
-                    if (id.is_integer() && id.as_int() >= 0 && id.as_int() < vocab_size()) {
-                        return static_cast<int32_t>(id.as_int());
+                if (const Value* listed = entry->find("ids"); listed && listed->is_array()) {
+                    for (const Value& id : listed->as_array()) {
+                        if (id.is_integer() && id.as_int() >= 0 && id.as_int() < vocab_size()) {
+                            ids.push_back(static_cast<int32_t>(id.as_int()));
+                        }
                     }
+                    return ids;
                 }
             }
         }
-        return token_id(name);
+        if (int32_t id = token_id(name); id >= 0) ids.push_back(id);
+        return ids;
+    }
+
+    static bool is_llama_style_class(std::string_view name) {
+        if (name.ends_with("Fast")) name.remove_suffix(4);
+        return name == "LlamaTokenizer" || name == "CodeLlamaTokenizer" || name == "GemmaTokenizer";
     }
 
     // ---- encoding ----

@@ -82,7 +82,9 @@ class Llama2cTokenizer final : public Tokenizer {
         bos_id_ = 1;
         eos_id_ = 2;
         add_bos_ = true;
+        special_prefix_ = {bos_id_};
         strips_leading_space_ = true;
+        strips_space_after_every_bos_ = true;
         add_end_of_generation(1);  // run.c ends a story when the model starts the next one
         add_end_of_generation(2);
         set_fingerprint(bytes);

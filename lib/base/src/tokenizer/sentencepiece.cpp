@@ -125,7 +125,12 @@ class SentencePieceTokenizer final : public Tokenizer {
             }
             const json::Value* add_bos = config.find("add_bos_token");
             if (add_bos && add_bos->is_bool()) add_bos_ = add_bos->as_bool() && bos_id_ >= 0;
+            const json::Value* add_eos = config.find("add_eos_token");
+            if (add_eos && add_eos->is_bool() && add_eos->as_bool() && eos_id_ >= 0) {
+                special_suffix_ = {eos_id_};
+            }
         }
+        if (add_bos_) special_prefix_ = {bos_id_};
         add_end_of_generation(eos_id_);
         for (const auto* config : {&configs.model_config, &configs.generation_config}) {
             if (!*config) continue;

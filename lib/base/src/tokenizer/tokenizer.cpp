@@ -42,7 +42,27 @@ void Tokenizer::set_fingerprint(std::string_view file_bytes) {
                            "\nadd_bos=" + (add_bos_ ? "1" : "0") + "\nend=";
     for (int32_t id : end_ids)
         settings += std::to_string(id) + ",";
+    // The special tokens around a text, only where they are more than a BOS, so that the
+    // fingerprints of the tokenizers kvtools read before it knew of them stay as they were.
+    const bool plain_prefix =
+        special_prefix_.empty() || special_prefix_ == std::vector<int32_t>{bos_id_};
+    if (!plain_prefix || !special_suffix_.empty()) {
+        settings += "\nprefix=";
+        for (int32_t id : special_prefix_)
+            settings += std::to_string(id) + ",";
+        settings += "\nsuffix=";
+        for (int32_t id : special_suffix_)
+            settings += std::to_string(id) + ",";
+    }
     fingerprint_ = sha256_hex(settings);
+}
+
+std::vector<int32_t> Tokenizer::encode_with_special_tokens(std::string_view text) const {
+    std::vector<int32_t> ids = special_prefix_;
+    std::vector<int32_t> body = encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.insert(ids.end(), special_suffix_.begin(), special_suffix_.end());
+    return ids;
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
@@ -50,7 +70,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
     bool before_first_piece = true;  // specials decode to nothing, so they do not count
     for (size_t i = 0; i < ids.size(); ++i) {
         std::string bytes = token_bytes(ids[i]);
-        bool at_start = before_first_piece || (bos_id_ >= 0 && i > 0 && ids[i - 1] == bos_id_);
+        bool at_start = before_first_piece || (strips_space_after_every_bos_ && bos_id_ >= 0 &&
+                                               i > 0 && ids[i - 1] == bos_id_);
         size_t skip = strips_leading_space_ && at_start && !bytes.empty() && bytes[0] == ' ';
         text.append(bytes, skip);
         if (!bytes.empty()) before_first_piece = false;

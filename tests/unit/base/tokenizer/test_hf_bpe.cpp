@@ -446,3 +446,135 @@ TEST_CASE("byte-level BPE encodes from several threads at once", "[tokenizer]") 
         thread.join();
     CHECK(failures == std::vector<int>(4, 0));
 }
+
+// Found by the conformance suite (tests/tokenizers): kvtools had no notion of what
+// add_special_tokens=True puts around a text beyond a BOS (Whisper's template adds two start
+// tokens and EOS after the text).
+TEST_CASE("the special tokens around a text follow the post-processor's template", "[tokenizer]") {
+    TempDir dir;
+    Value root = kv::json::parse(byte_level_json());
+    Value processor = kv::json::parse(R"({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                   {"SpecialToken": {"id": "<think>", "type_id": 0}},
+                   {"Sequence": {"id": "A", "type_id": 0}},
+                   {"SpecialToken": {"id": "<|end_of_text|>", "type_id": 0}}],
+        "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [258],
+                                                 "tokens": ["<|begin_of_text|>"]},
+                           "<|end_of_text|>": {"id": "<|end_of_text|>", "ids": [260],
+                                               "tokens": ["<|end_of_text|>"]}}})");
+    SECTION("a template with two tokens before the text and one after") {
+        root.set("post_processor", processor);
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->special_prefix() == Ids{258, 261});
+        CHECK(tokenizer->special_suffix() == Ids{260});
+        CHECK(tokenizer->encode_with_special_tokens("hi") == Ids{258, 261, 'h', 'i', 260});
+        CHECK(tokenizer->encode("hi") == Ids{'h', 'i'});
+        CHECK(tokenizer->bos_id() == 258);
+        CHECK(tokenizer->add_bos());
+    }
+    SECTION("the same inside a Sequence, and a fingerprint of its own") {
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        auto plain = kv::load_tokenizer(dir.path());
+        CHECK(plain->special_prefix().empty());
+        CHECK(plain->special_suffix().empty());
+        CHECK(plain->encode_with_special_tokens("hi") == Ids{'h', 'i'});
+        Value sequence = kv::json::parse(R"({"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": false}]})");
+        sequence.set("processors", Value::array()).push_back(processor);
+        root.set("post_processor", sequence);
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        auto templated = kv::load_tokenizer(dir.path());
+        CHECK(templated->encode_with_special_tokens("hi") == Ids{258, 261, 'h', 'i', 260});
+        CHECK(templated->fingerprint() != plain->fingerprint());
+    }
+    SECTION("a tokenizer class other than Llama's ignores add_bos_token, as transformers does") {
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        kv::test::write_file(dir / "tokenizer_config.json",
+                             R"({"bos_token": "<|begin_of_text|>", "add_bos_token": true,
+                                 "tokenizer_class": "PreTrainedTokenizerFast"})");
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->add_bos());  // kvtools' prompts still start with it
+        CHECK(tokenizer->special_prefix().empty());
+    }
+}
+
+TEST_CASE("Llama-style tokenizer classes take BOS and EOS from add_bos_token and add_eos_token",
+          "[tokenizer]") {
+    TempDir dir;
+    MetaspaceModel model;
+    kv::test::write_file(dir / "tokenizer.json", model.json("first"));  // no post-processor
+    auto& id = model.ids;
+    SECTION("add_bos_token defaults to true, add_eos_token to false") {
+        kv::test::write_file(dir / "tokenizer_config.json",
+                             R"({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+                                 "eos_token": "</s>"})");
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->encode_with_special_tokens("hello") == Ids{1, id[mark + "hello"]});
+    }
+    SECTION("EOS after the text, no BOS") {
+        kv::test::write_file(dir / "tokenizer_config.json",
+                             R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>",
+                                 "eos_token": "</s>", "add_bos_token": false,
+                                 "add_eos_token": true})");
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->encode_with_special_tokens("hello") == Ids{id[mark + "hello"], 2});
+        CHECK_FALSE(tokenizer->add_bos());
+    }
+}
+
+// Found by the conformance suite: decode() dropped the leading space of the piece after every
+// BOS, as llama2.c does, where Hugging Face (skip_special_tokens=True) and sentencepiece only
+// drop the one at the start of the text ("a<s>b" decodes to "a b" with Mistral's tokenizer).
+TEST_CASE("a BOS inside the ids does not start the text again", "[tokenizer]") {
+    TempDir dir;
+    MetaspaceModel model;
+    auto& id = model.ids;
+    for (std::string prepend : {"legacy", "first"}) {
+        INFO(prepend);
+        kv::test::write_file(dir / "tokenizer.json", model.json(prepend));
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->decode(Ids{1, id[mark + "hello"], 1, id[mark + "world"]}) ==
+              "hello world");
+        CHECK(tokenizer->decode(Ids{id[mark + "hello"], 1, id[mark + "world"]}) == "hello world");
+        CHECK(tokenizer->decode(Ids{1, 2, id[mark + "hello"]}) == "hello");
+    }
+}
+
+// Found by the conformance suite with Gemma 3's tokenizer: added tokens that are not special
+// were written as their content, where the tokenizers library passes them through the decoder
+// like any token (Gemma's "▁▁" decodes to two spaces).
+TEST_CASE("added tokens that are not special decode through the decoder", "[tokenizer]") {
+    TempDir dir;
+    SECTION("metaspace") {
+        MetaspaceModel model;
+        Value root = kv::json::parse(model.json("first"));
+        const int32_t next = static_cast<int32_t>(model.vocab.size());
+        Value added = root.at("added_tokens");
+        added.push_back(added_token(next, mark + mark, false));
+        added.push_back(added_token(next + 1, "<0x41>", false));
+        root.set("added_tokens", added);
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->token_bytes(next) == "  ");
+        CHECK(tokenizer->token_bytes(next + 1) == "A");  // ByteFallback reads it as a byte
+        CHECK(tokenizer->decode(Ids{model.ids[mark + "hello"], next, model.ids["w"]}) ==
+              "hello  w");
+    }
+    SECTION("byte-level: every character maps back to its byte, or the token stays as it is") {
+        Value root = kv::json::parse(byte_level_json());
+        Value added = root.at("added_tokens");
+        added.push_back(added_token(263, "\xC4\xA0x", false));   // "Ġx"
+        added.push_back(added_token(264, "  ", false));          // spaces: not in the alphabet
+        added.push_back(added_token(265, "\xC4\xA0 x", false));  // "Ġ x": kept whole
+        added.push_back(added_token(266, "\xC4\xA0y", true));    // special: never written
+        root.set("added_tokens", added);
+        kv::test::write_file(dir / "tokenizer.json", kv::json::dump(root));
+        auto tokenizer = kv::load_tokenizer(dir.path());
+        CHECK(tokenizer->token_bytes(263) == " x");
+        CHECK(tokenizer->token_bytes(264) == "  ");
+        CHECK(tokenizer->token_bytes(265) == "\xC4\xA0 x");
+        CHECK(tokenizer->token_bytes(266) == "");
+        CHECK(tokenizer->token_bytes(261) == "<think>");
+    }
+}
