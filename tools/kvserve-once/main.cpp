@@ -3,6 +3,7 @@
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "kv/mapped_file.hpp"
+#include "kv/sparse/options.hpp"
 #include "tool.hpp"
 
 #include <algorithm>
@@ -38,11 +39,11 @@ int main(int argc, char** argv) {
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)
             ->check(CLI::NonNegativeNumber);
-        app.add_option("--temp", options.temperature,
+        app.add_option("--temp", options.sampling.temperature,
                        "Sampling temperature; 0 is greedy and deterministic")
             ->default_val(0.8)
             ->check(CLI::NonNegativeNumber);
-        app.add_option("--top-p", options.top_p,
+        app.add_option("--top-p", options.sampling.top_p,
                        "Nucleus sampling: keep the most likely tokens up to this mass")
             ->default_val(0.95)
             ->check(CLI::Range(0.0, 1.0));
@@ -54,25 +55,29 @@ int main(int argc, char** argv) {
         app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
             ->default_val(512)
             ->check(CLI::PositiveNumber);
-        app.add_option("--attention", options.attention,
-                       "Decoding attention: full, icecache, streaming, quest, h2o, or topk (an "
-                       "exact oracle)")
+        std::string methods_help = "Decoding attention:";
+        std::vector<std::string> method_names;
+        for (const kv::SparseMethodInfo& method : kv::sparse_methods()) {
+            methods_help += "\n  " + method.name + ": " + method.help;
+            method_names.push_back(method.name);
+        }
+        app.add_option("--attention", options.attention.method, methods_help)
             ->default_val("full")
-            ->check(CLI::IsMember({"full", "icecache", "streaming", "quest", "h2o", "topk"}));
-        app.add_option("--budget", options.budget,
+            ->check(CLI::IsMember(method_names));
+        app.add_option("--budget", options.attention.budget,
                        "Tokens each query head attends to in sparse layers: sink, window and "
                        "retrieved pages (64: 16 + 16 + 2 pages of 16; 256: 32 + 32 + 12 pages)")
             ->default_val(256)
             ->check(CLI::Range(64, 1 << 30));
-        app.add_option("--dense-layers", options.dense_layers,
+        app.add_option("--dense-layers", options.attention.dense_layers,
                        "The first layers attend to every token")
             ->default_val(2)
             ->check(CLI::NonNegativeNumber);
-        app.add_option("--reuse-layers", options.reuse_layers,
+        app.add_option("--reuse-layers", options.attention.reuse_layers,
                        "Consecutive sparse layers sharing one choice of pages (IceCache(r): 3)")
             ->default_val(1)
             ->check(CLI::PositiveNumber);
-        app.add_option("--field-of-view", options.field_of_view,
+        app.add_option("--field-of-view", options.attention.field_of_view,
                        "IceCache: index points kept per level (0: max(tokens / 1000, 30))")
             ->default_val(0)
             ->check(CLI::NonNegativeNumber);
@@ -88,21 +93,21 @@ int main(int argc, char** argv) {
         app.add_option("--offload-dir", options.offload_dir,
                        "Folder for --offload disk's temporary file (default: $TMPDIR or /tmp)")
             ->check(CLI::ExistingDirectory);
-        app.add_flag("--measure-recall", options.measure_recall,
+        app.add_flag("--measure-recall", options.attention.measure_recall,
                      "Also compute full attention at each step and report, per layer, the share "
                      "of its mass on the tokens attended to (in --stats)");
-        app.add_option("--recompute", options.recompute,
+        app.add_option("--recompute", options.recompute.method,
                        "Recompute part of the packed --cache context before the prompt: none, "
                        "epic (each packet's first --recompute-tokens), cacheblend (the "
                        "--recompute-ratio of tokens whose keys and values deviate most at layer "
                        "1) or all (full recompute)")
             ->default_val("none")
             ->check(CLI::IsMember({"none", "epic", "cacheblend", "all"}));
-        app.add_option("--recompute-ratio", options.recompute_ratio,
+        app.add_option("--recompute-ratio", options.recompute.ratio,
                        "cacheblend: the share of packet tokens recomputed after layer 1")
             ->default_val(0.3)
             ->check(CLI::Range(0.0, 1.0));
-        app.add_option("--recompute-tokens", options.recompute_tokens,
+        app.add_option("--recompute-tokens", options.recompute.tokens,
                        "epic: tokens recomputed at the start of each packet")
             ->default_val(32)
             ->check(CLI::NonNegativeNumber);
@@ -114,14 +119,11 @@ int main(int argc, char** argv) {
     };
 
     auto body = [&](CLI::App& app) {
-        options.model = model.model;
-        if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
-        options.threads = compute.threads;
-        options.device = compute.device;
-        options.dtype = compute.dtype;
-        options.use_mmap = compute.mmap;
+        options.runtime = {model.model,    std::nullopt, compute.dtype,
+                           compute.device, compute.mmap, compute.threads};
+        if (!model.tokenizer.empty()) options.runtime.tokenizer = model.tokenizer;
         options.add_bos = !no_bos;
-        if (app.count("--seed")) options.seed = seed;
+        if (app.count("--seed")) options.sampling.seed = seed;
         if (!app.count("--prompt") && prompt_file.empty() && document_file.empty())
             throw kv::UsageError("give the prompt with --prompt TEXT or --prompt-file FILE");
         options.caches = cache_paths;

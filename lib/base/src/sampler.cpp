@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace kv {
 
@@ -15,7 +16,10 @@ int32_t argmax(std::span<const float> values) {
     return static_cast<int32_t>(best);
 }
 
-Sampler::Sampler(const SamplerOptions& options) : options_(options), state_(options.seed) {
+Sampler::Sampler(const SamplerOptions& options)
+    : options_(options),
+      seed_(options.seed ? *options.seed : std::random_device{}()),
+      state_(seed_) {
     if (!(options.temperature >= 0) || !std::isfinite(options.temperature))
         throw UsageError("temperature must be a finite number >= 0");
     if (!(options.top_p > 0 && options.top_p <= 1)) throw UsageError("top-p must be in (0, 1]");

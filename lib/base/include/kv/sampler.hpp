@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -11,18 +12,21 @@ namespace kv {
 struct SamplerOptions {
     double temperature = 0.8;  ///< 0: greedy (argmax, first index on ties)
     double top_p = 0.95;       ///< keep the smallest set of tokens whose probability reaches top_p
-    uint64_t seed = 0;
+    std::optional<uint64_t> seed;  ///< none: drawn from the system (Sampler::seed() tells)
 };
 
 class Sampler {
   public:
     explicit Sampler(const SamplerOptions& options);
     int32_t sample(std::span<const float> logits);
+    /// The seed in use: the options' or the one drawn.
+    uint64_t seed() const { return seed_; }
 
   private:
     double next_uniform();  // [0, 1)
 
     SamplerOptions options_;
+    uint64_t seed_;
     uint64_t state_;
     std::vector<std::pair<float, int32_t>> candidates_;
 };

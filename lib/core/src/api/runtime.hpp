@@ -4,6 +4,7 @@
 
 #include "kv/model/model.hpp"
 #include "kv/packet.hpp"
+#include "kv/runtime.hpp"
 #include "kv/tokenizer.hpp"
 
 #include <filesystem>
@@ -16,14 +17,6 @@ struct Runtime {
     std::shared_ptr<Model> model;
     std::unique_ptr<Tokenizer> tokenizer;
     CacheModelInfo cache_info;  ///< with dtype = the model's compute dtype
-};
-
-struct RuntimeOptions {
-    std::filesystem::path model;
-    std::optional<std::filesystem::path> tokenizer;
-    std::string dtype = "auto";
-    std::string device = "auto";
-    bool use_mmap = false;
 };
 
 /// Loads the model, then its tokenizer (--tokenizer, the model folder's own, or tokenizer.bin

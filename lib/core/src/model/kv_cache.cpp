@@ -42,6 +42,7 @@ KvCache KvCache::on_disk(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
     cache.positions_ = torch::empty({capacity}, torch::kInt64);
     cache.capacity_ = capacity;
     cache.arena_ = std::move(arena);
+    cache.folder_ = folder;
     return cache;
 }
 
@@ -103,6 +104,37 @@ void KvCache::copy_rows(int64_t layer, int64_t head, int64_t first, int64_t coun
                                  static_cast<std::size_t>(head * capacity_) * row_bytes;
         arena_->read(base + static_cast<std::size_t>(first) * row_bytes, bytes, out);
     }
+}
+
+torch::Tensor KvCache::read_keys(int64_t layer, int64_t head, int64_t first, int64_t count) const {
+    if (!arena_)
+        return keys(layer)[head]
+            .narrow(0, first, count)
+            .to(torch::kCPU, torch::kFloat32)
+            .contiguous();
+    const torch::Tensor raw = torch::empty({count, head_dim_}, dtype_);
+    gather_range(layer, head, first, count, raw.data_ptr(), nullptr);
+    return raw.to(torch::kFloat32).contiguous();
+}
+
+torch::Tensor KvCache::gather_keys(int64_t layer, int64_t head,
+                                   std::span<const int64_t> rows) const {
+    const auto count = static_cast<int64_t>(rows.size());
+    if (!arena_) {
+        const torch::Tensor index =
+            torch::from_blob(const_cast<int64_t*>(rows.data()), {count}, torch::kInt64).to(device_);
+        return keys(layer)[head]
+            .index_select(0, index)
+            .to(torch::kCPU, torch::kFloat32)
+            .contiguous();
+    }
+    const torch::Tensor raw = torch::empty({count, head_dim_}, dtype_);
+    gather(layer, head, rows, raw.data_ptr(), nullptr);
+    return raw.to(torch::kFloat32).contiguous();
+}
+
+std::unique_ptr<FileArena> KvCache::new_spill_file() const {
+    return arena_ ? std::make_unique<FileArena>(folder_) : nullptr;
 }
 
 int64_t KvCache::offloaded_bytes() const {

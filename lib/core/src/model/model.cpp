@@ -1,5 +1,6 @@
 #include "kv/model/model.hpp"
-#include "kv/model/sparse.hpp"
+#include "kv/model/row_attention.hpp"
+#include "kv/model/row_chooser.hpp"
 
 #include "kv/error.hpp"
 #include "kv/sha256.hpp"
@@ -269,7 +270,7 @@ torch::Tensor Model::check_embeddings(const torch::Tensor& embeddings) const {
 }
 
 torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
-                             KvCache& cache, const torch::Tensor& allow, SparseAttention* sparse,
+                             KvCache& cache, const torch::Tensor& allow, RowChooser* chooser,
                              QueryObserver* observer) const {
     torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
@@ -290,8 +291,8 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
             const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
             std::vector<std::vector<int64_t>> rows;
             torch::Tensor attended;
-            if (sparse && x.size(0) == 1 && !allow.defined() &&
-                sparse->select(index, projected.queries, cache.keys(index), rows))
+            if (chooser && x.size(0) == 1 && !allow.defined() &&
+                chooser->select(index, projected.queries, cache, rows))
                 attended =
                     cache.offloaded()
                         ? attention_over_staged_rows(projected.queries, cache, index, rows, scale)
@@ -498,7 +499,7 @@ torch::Tensor Model::prefill_by_layer(std::span<const int32_t> tokens, KvCache& 
 }
 
 torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk,
-                             SparseAttention* sparse, QueryObserver* observer) const {
+                             RowChooser* chooser, QueryObserver* observer) const {
     if (tokens.empty()) throw Error("prefill: no tokens");
     if (chunk <= 0) throw UsageError("prefill chunk must be positive");
     torch::NoGradGuard no_grad;
@@ -510,7 +511,7 @@ torch::Tensor Model::prefill(std::span<const int32_t> tokens, KvCache& cache, in
             torch::arange(first_position, first_position + static_cast<int64_t>(count),
                           torch::TensorOptions().dtype(torch::kInt64));
         const torch::Tensor hidden =
-            forward(embed(tokens.subspan(begin, count)), positions, cache, {}, sparse, observer);
+            forward(embed(tokens.subspan(begin, count)), positions, cache, {}, chooser, observer);
         last_hidden = hidden.narrow(0, hidden.size(0) - 1, 1);
     }
     return logits(last_hidden).select(0, 0).to(torch::kCPU);

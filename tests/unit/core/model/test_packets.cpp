@@ -6,7 +6,7 @@
 #include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
 #include "kv/model/packets.hpp"
-#include "kv/model/sparse.hpp"
+#include "kv/model/row_attention.hpp"
 #include "kv/rope.hpp"
 #include "random_model.hpp"
 #include "test_support.hpp"

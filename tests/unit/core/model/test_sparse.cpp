@@ -6,7 +6,8 @@
 #include "kv/model/kv_cache.hpp"
 #include "kv/model/model.hpp"
 #include "kv/model/ops.hpp"
-#include "kv/model/sparse.hpp"
+#include "kv/model/row_attention.hpp"
+#include "kv/sparse/sparse_attention.hpp"
 #include "random_model.hpp"
 
 #include <ATen/Parallel.h>
@@ -40,6 +41,13 @@ torch::Tensor clustered_keys(int64_t tokens, uint64_t seed) {
     return centres.index_select(1, which) + 0.5 * torch::randn({kv_heads, tokens, dim});
 }
 
+// A cache holding `keys` [Hkv, S, D] (values zero) in one layer, as a decoding step reads it.
+KvCache cache_holding(const torch::Tensor& keys) {
+    KvCache cache(1, kv_heads, dim, keys.scalar_type(), torch::kCPU, keys.size(1));
+    cache.append({keys}, {torch::zeros_like(keys)}, torch::arange(keys.size(1), torch::kInt64));
+    return cache;
+}
+
 void check_shape_of_choice(const std::vector<std::vector<int64_t>>& rows, int64_t total,
                            const BudgetSplit& split) {
     REQUIRE(static_cast<int64_t>(rows.size()) == kv_heads);
@@ -65,8 +73,9 @@ TEST_CASE("a budget splits into sink, window and retrieved pages", "[sparse]") {
     CHECK(split_budget(128, 16).sink == 32);
     CHECK(split_budget(128, 16).retrieved == 64);
     CHECK(split_budget(256, 16).retrieved == 192);  // IceCache's 12 pages
-    CHECK_THROWS_AS(parse_sparse_method("dense"), UsageError);
-    CHECK(parse_sparse_method("icecache") == SparseMethod::icecache);
+    CHECK_THROWS_AS(check_sparse_method("dense"), UsageError);
+    CHECK_NOTHROW(check_sparse_method("icecache"));
+    CHECK(sparse_methods().front().name == "full");
 }
 
 TEST_CASE("attention over chosen rows matches the float64 reference", "[sparse]") {
@@ -127,16 +136,16 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
     std::vector<std::vector<int64_t>> rows;
 
     SECTION("full and a budget the context fits attend to everything") {
-        options.method = SparseMethod::full;
-        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, keys, rows));
-        options.method = SparseMethod::icecache;
+        options.method = "full";
+        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
+        options.method = "icecache";
         options.budget = total;
-        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, keys, rows));
+        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
     }
     SECTION("streaming keeps the sink and the most recent tokens") {
-        options.method = SparseMethod::streaming;
+        options.method = "streaming";
         SparseAttention sparse(config, rope, options);
-        REQUIRE(sparse.select(0, queries, keys, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
         check_shape_of_choice(rows, total, split);
         for (const auto& chosen : rows) {
             CHECK(chosen.size() == 64);
@@ -144,9 +153,9 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
         }
     }
     SECTION("the top-k oracle takes each query head's best tokens exactly") {
-        options.method = SparseMethod::topk;
+        options.method = "topk";
         SparseAttention sparse(config, rope, options);
-        REQUIRE(sparse.select(0, queries, keys, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
         check_shape_of_choice(rows, total, split);
         for (int64_t h = 0; h < query_heads; ++h) {
             const int64_t head = h / 2;
@@ -161,23 +170,23 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
         }
     }
     SECTION("quest and h2o stay within their budgets") {
-        for (SparseMethod method : {SparseMethod::quest, SparseMethod::h2o}) {
+        for (const char* method : {"quest", "h2o"}) {
             options.method = method;
             SparseAttention sparse(config, rope, options);
-            REQUIRE(sparse.select(0, queries, keys, rows));
+            REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
             for (const auto& chosen : rows)
                 CHECK(static_cast<int64_t>(chosen.size()) <=
-                      (method == SparseMethod::h2o
+                      (std::string(method) == "h2o"
                            ? 64
                            : split.sink + split.window + 2 * split.retrieved));
         }
     }
     SECTION("icecache, searching exhaustively, finds each query head's best token") {
-        options.method = SparseMethod::icecache;
+        options.method = "icecache";
         options.field_of_view = total;
         options.retrieve_share = 1.0;
         SparseAttention sparse(config, rope, options);
-        REQUIRE(sparse.select(0, queries, keys, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
         check_shape_of_choice(rows, total, split);
         for (int64_t h = 0; h < query_heads; ++h) {
             const int64_t head = h / 2;
@@ -190,7 +199,7 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
         CHECK(sparse.stats().index_dot_products > 0);
         // A later step inserts the token that left the window, and still works.
         const torch::Tensor longer = torch::cat({keys, clustered_keys(1, 9)}, 1);
-        REQUIRE(sparse.select(0, queries, longer, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(longer), rows));
         check_shape_of_choice(rows, total + 1, split);
         CHECK(sparse.stats().indexed_tokens == (total - split.window + 1) * kv_heads);
     }
@@ -238,9 +247,9 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
     std::vector<std::vector<int64_t>> rows;
 
     SECTION("topk: each query head's best rows, and the recall of what it chose") {
-        options.method = SparseMethod::topk;
+        options.method = "topk";
         SparseAttention sparse(config, rope, options);
-        REQUIRE(sparse.select(0, queries, first_keys, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(first_keys), rows));
         double recall = 0;
         for (int64_t head = 0; head < kv_heads; ++head) {
             std::set<int64_t> best;
@@ -264,9 +273,9 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
         CHECK(sparse.stats().recall_sum[0] == Approx(recall).epsilon(1e-5));
     }
     SECTION("quest: the pages of the highest per-channel bounds") {
-        options.method = SparseMethod::quest;
+        options.method = "quest";
         SparseAttention sparse(config, rope, options);
-        REQUIRE(sparse.select(0, queries, first_keys, rows));
+        REQUIRE(sparse.select(0, queries, cache_holding(first_keys), rows));
         const torch::Tensor k = first_keys.to(torch::kFloat64);
         const torch::Tensor q = queries.reshape({query_heads, dim}).to(torch::kFloat64);
         const int64_t pages = (window_start + 15) / 16, first_page = split.sink / 16;
@@ -296,13 +305,13 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
         }
     }
     SECTION("h2o: the recent half and the old rows with the most attention, over two steps") {
-        options.method = SparseMethod::h2o;
+        options.method = "h2o";
         SparseAttention sparse(config, rope, options);
         std::vector<std::vector<int64_t>> kept(kv_heads);
         std::vector<std::map<int64_t, double>> attention(kv_heads);
         for (const int64_t rows_now : {total, total + 1}) {
             const torch::Tensor now = keys.narrow(1, 0, rows_now);
-            REQUIRE(sparse.select(0, queries, now, rows));
+            REQUIRE(sparse.select(0, queries, cache_holding(now), rows));
             const torch::Tensor step_scores = reference_scores(queries, now);
             for (int64_t head = 0; head < kv_heads; ++head) {
                 auto& mine = kept[static_cast<std::size_t>(head)];
@@ -356,8 +365,8 @@ TEST_CASE("every method chooses from a cache on disk as from one in memory", "[s
     options.dense_layers = 0;
     options.measure_recall = true;
     std::vector<std::unique_ptr<SparseAttention>> from_memory, from_disk;
-    for (SparseMethod method : {SparseMethod::streaming, SparseMethod::topk, SparseMethod::quest,
-                                SparseMethod::h2o, SparseMethod::icecache}) {
+    for (const char* method : {"streaming", "topk", "quest",
+                                "h2o", "icecache"}) {
         options.method = method;
         from_memory.push_back(std::make_unique<SparseAttention>(config, rope, options));
         from_disk.push_back(std::make_unique<SparseAttention>(config, rope, options));
@@ -378,19 +387,19 @@ TEST_CASE("every method chooses from a cache on disk as from one in memory", "[s
         for (int64_t layer = 0; layer < 2; ++layer) {
             const torch::Tensor queries = torch::randn({query_heads, 1, dim});
             for (std::size_t m = 0; m < from_memory.size(); ++m) {
-                CAPTURE(step, layer, sparse_method_name(from_memory[m]->options().method));
+                CAPTURE(step, layer, from_memory[m]->options().method);
                 std::vector<std::vector<int64_t>> in_memory, on_disk;
-                REQUIRE(from_memory[m]->select(layer, queries, memory.keys(layer), in_memory));
-                REQUIRE(from_disk[m]->select(layer, queries, disk.keys(layer), on_disk));
+                REQUIRE(from_memory[m]->select(layer, queries, memory, in_memory));
+                REQUIRE(from_disk[m]->select(layer, queries, disk, on_disk));
                 CHECK(in_memory == on_disk);
-                if (from_memory[m]->options().method != SparseMethod::h2o)  // h2o keeps no sink
+                if (from_memory[m]->options().method != "h2o")  // h2o keeps no sink
                     check_shape_of_choice(on_disk, total + step + 1, split_budget(64, 16));
             }
             disk.release_pages(layer);
         }
     }
     for (std::size_t m = 0; m < from_memory.size(); ++m) {
-        CAPTURE(sparse_method_name(from_memory[m]->options().method));
+        CAPTURE(from_memory[m]->options().method);
         CHECK(from_disk[m]->stats().recall_sum == from_memory[m]->stats().recall_sum);
         CHECK(from_disk[m]->stats().recall_count == from_memory[m]->stats().recall_count);
     }
@@ -407,8 +416,8 @@ TEST_CASE("the kv heads' choices do not depend on how many threads make them", "
     cache.append({clustered_keys(total, 41)}, {torch::randn({kv_heads, total, dim})},
                  torch::arange(total, torch::kInt64));
     const int threads = at::get_num_threads();
-    for (SparseMethod method : {SparseMethod::icecache, SparseMethod::quest}) {
-        CAPTURE(sparse_method_name(method));
+    for (const char* method : {"icecache", "quest"}) {
+        CAPTURE(method);
         SparseOptions options;
         options.method = method;
         options.budget = 64;
@@ -423,13 +432,13 @@ TEST_CASE("the kv heads' choices do not depend on how many threads make them", "
             const torch::Tensor queries = torch::randn({query_heads, 1, dim});
             std::vector<std::vector<int64_t>> one, many;
             at::set_num_threads(1);
-            REQUIRE(serial.select(0, queries, cache.keys(0), one));
+            REQUIRE(serial.select(0, queries, cache, one));
             at::set_num_threads(std::max(2, threads));
-            REQUIRE(parallel.select(0, queries, cache.keys(0), many));
+            REQUIRE(parallel.select(0, queries, cache, many));
             CHECK(one == many);
         }
         CHECK(serial.stats().index_dot_products == parallel.stats().index_dot_products);
-        if (method == SparseMethod::icecache) CHECK(serial.stats().index_dot_products > 0);
+        if (std::string(method) == "icecache") CHECK(serial.stats().index_dot_products > 0);
     }
     at::set_num_threads(threads);
 }
@@ -454,7 +463,7 @@ TEST_CASE("a packed index, its keys rotated, still finds the best tokens", "[spa
     torch::manual_seed(8);
     const torch::Tensor queries = torch::randn({query_heads, 1, dim});
     SparseOptions options;
-    options.method = SparseMethod::icecache;
+    options.method = "icecache";
     options.budget = 64;
     options.dense_layers = 0;
     options.field_of_view = total;
@@ -462,7 +471,7 @@ TEST_CASE("a packed index, its keys rotated, still finds the best tokens", "[spa
     SparseAttention sparse(config, rope, options);
     sparse.add_stored_index(0, 0, index);
     std::vector<std::vector<int64_t>> rows;
-    REQUIRE(sparse.select(0, queries, rotated, rows));
+    REQUIRE(sparse.select(0, queries, cache_holding(rotated), rows));
     CHECK(sparse.stats().indexed_tokens == 0);  // nothing rebuilt: the stored index served
     for (int64_t h = 0; h < query_heads; ++h) {
         const int64_t head = h / 2;
@@ -485,7 +494,7 @@ TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as
     for (int i = 0; i < 700; ++i)
         ids.push_back(static_cast<int32_t>((i * 37 + i / 5) % config.vocab_size));
     SparseOptions options;
-    options.method = SparseMethod::icecache;
+    options.method = "icecache";
     options.budget = 64;
     options.dense_layers = 1;
 
@@ -511,8 +520,8 @@ TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as
     for (int64_t layer = 1; layer < 4; ++layer) {
         const torch::Tensor queries = torch::randn({query_heads, 1, dim});
         std::vector<std::vector<int64_t>> chosen_by_worker, chosen_after;
-        REQUIRE(by_worker.select(layer, queries, cache.keys(layer), chosen_by_worker));
-        REQUIRE(after.select(layer, queries, cache.keys(layer), chosen_after));
+        REQUIRE(by_worker.select(layer, queries, cache, chosen_by_worker));
+        REQUIRE(after.select(layer, queries, cache, chosen_after));
         CHECK(chosen_by_worker == chosen_after);
         check_shape_of_choice(chosen_by_worker, 700, split_budget(64, 16));
     }

@@ -3,6 +3,10 @@
 // Torch-free on purpose: the tool's main includes only this header.
 #pragma once
 
+#include "kv/runtime.hpp"
+#include "kv/sampler.hpp"
+#include "kv/sparse/options.hpp"
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -17,10 +21,23 @@ class Value;
 
 namespace kv {
 
+/// The baselines of KV Packet: part of a context packed from --cache packets recomputed before
+/// the prompt.
+struct RecomputeOptions {
+    /// "none", "epic" (each packet's first `tokens` tokens, in every layer), "cacheblend" (every
+    /// packet token in the first two layers, then the `ratio` whose keys and values deviated
+    /// most at layer 1) or "all" (full recompute of every packet token).
+    std::string method = "none";
+    double ratio = 0.3;
+    int64_t tokens = 32;
+};
+
 struct ServeOptions {
-    std::filesystem::path model;
-    std::optional<std::filesystem::path>
-        tokenizer;  ///< default: the model folder's, or tokenizer.bin beside a llama2.c file
+    RuntimeOptions runtime;   ///< the model, its tokenizer, device, dtype, threads
+    SamplerOptions sampling;  ///< temperature, top-p and the seed (none: drawn, reported)
+    /// Decoding attention: "full" or a sparse method with its budget (kv/sparse/options.hpp).
+    SparseOptions attention;
+    RecomputeOptions recompute;
     /// Baked caches packed in order: "FILE" (every packet, in file order), "FILE:ID" (one
     /// packet), "-" (standard input).
     std::vector<std::string> caches;
@@ -33,38 +50,15 @@ struct ServeOptions {
     bool add_bos = true;  ///< start with BOS when the tokenizer has one and asks for it
     int64_t max_new_tokens = 256;
     bool ignore_eos = false;  ///< keep going past end-of-generation tokens
-    double temperature = 0.8;
-    double top_p = 0.95;
-    std::optional<uint64_t> seed;  ///< default: drawn from the system and reported in the stats
-    int threads = 0;               ///< 0: every core
-    std::string device = "auto";
-    std::string dtype = "auto";
-    bool use_mmap = false;
     int64_t prefill_chunk = 512;
-    /// Decoding attention: "full", "icecache", "streaming", "quest", "h2o" or "topk" (an exact
-    /// oracle); see kv/model/sparse.hpp for the budget's meaning.
-    std::string attention = "full";
-    int64_t budget = 256;
-    int64_t dense_layers = 2;
-    int64_t reuse_layers = 1;
-    int64_t field_of_view = 0;  ///< IceCache; 0: max(tokens / 1000, 30)
-    bool measure_recall = false;
-    /// Feed the prompt one token at a time through the sparse attention as well, so that only
-    /// the cached context is read densely by nothing (a stricter test of a sparse method).
+    /// Feed the prompt one token at a time through the sparse attention as well, so that no
+    /// step reads the cached context densely (a stricter test of a sparse method).
     bool sparse_prompt = false;
-    /// Recompute part of a context packed from --cache packets before the prompt (the baselines
-    /// of KV Packet): "none", "epic" (each packet's first `recompute_tokens` tokens, in every
-    /// layer), "cacheblend" (every packet token in the first two layers, then the
-    /// `recompute_ratio` whose keys and values deviated most at layer 1) or "all" (full
-    /// recompute of every packet token).
     /// Where the --cache keys and values live while decoding: "host" (memory) or "disk" (a
-    /// temporary file in `offload_dir`, mapped, pages brought in as a step reads them and
-    /// dropped again after each layer: memory holds what one step reads, not the context).
+    /// temporary file in `offload_dir`, rows read with pread as a step needs them: memory holds
+    /// what one step reads, not the context).
     std::string offload = "host";
     std::filesystem::path offload_dir;  ///< empty: $TMPDIR, else /tmp
-    std::string recompute = "none";
-    double recompute_ratio = 0.3;
-    int64_t recompute_tokens = 32;
 };
 
 struct ServeStats {

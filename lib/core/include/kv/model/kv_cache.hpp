@@ -51,6 +51,17 @@ class KvCache {
     /// values (a chunk of a layer streamed from disk).
     void gather_range(int64_t layer, int64_t head, int64_t first, int64_t count, void* keys_out,
                       void* values_out) const;
+    /// The keys of rows [first, first + count) of kv head `head` of layer `layer` as float32 on
+    /// the CPU, [count, head_dim], whichever tier holds them: copied from memory, or read with
+    /// pread from an offloaded cache's file (no page of it mapped). What sparse methods read
+    /// keys through, so that none of them needs to know where the cache lives.
+    torch::Tensor read_keys(int64_t layer, int64_t head, int64_t first, int64_t count) const;
+    /// The keys of `rows` of one kv head likewise: [rows.size(), head_dim].
+    torch::Tensor gather_keys(int64_t layer, int64_t head, std::span<const int64_t> rows) const;
+    /// A file for data that grows with the cache's rows and belongs in the same tier (IceCache's
+    /// restored indexes keep their keys there): for an offloaded cache an unnamed file beside its
+    /// own; nullptr for a cache in memory, whose derived data stays in memory too.
+    std::unique_ptr<FileArena> new_spill_file() const;
 
     int64_t num_layers() const { return static_cast<int64_t>(keys_.size()); }
     int64_t kv_heads() const { return kv_heads_; }
@@ -123,6 +134,7 @@ class KvCache {
     int64_t pending_ = 0;
     int64_t next_position_ = 0;
     std::shared_ptr<FileArena> arena_;                 // the file of an offloaded cache
+    std::filesystem::path folder_;                     // and the folder it is in
     std::vector<std::span<std::byte>> layer_regions_;  // its keys and values, per layer
     std::vector<std::size_t> layer_offsets_;           // where each region starts in the file
 };

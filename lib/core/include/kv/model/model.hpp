@@ -24,7 +24,7 @@
 
 namespace kv {
 
-class SparseAttention;
+class RowChooser;
 
 /// Sees each layer's queries during a forward pass: kvpress-style compression scores tokens by the
 /// attention the prefill's queries give them.
@@ -102,11 +102,12 @@ class Model {
     /// Runs embeddings [T, hidden] at positions [T] through every layer, appending the tokens'
     /// keys and values to `cache`; returns the final-normed hidden states [T, hidden].
     /// `allow` [T, S] (optional, S = cache length + T) further restricts attention.
-    /// With `sparse`, a one-token step lets it choose the tokens each kv head attends to.
+    /// With `chooser` (sparse decoding), a one-token step lets it choose the rows each kv head
+    /// attends to.
     /// With `observer`, every layer's queries are shown to it (compression scores).
     torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
                           KvCache& cache, const torch::Tensor& allow = {},
-                          SparseAttention* sparse = nullptr,
+                          RowChooser* chooser = nullptr,
                           QueryObserver* observer = nullptr) const;
 
     /// Per layer, keys (after RoPE) and values [Hkv, S, D] of tokens before a sequence.
@@ -149,7 +150,7 @@ class Model {
     /// chunks of at most `chunk` tokens to bound memory; returns the last token's logits [vocab]
     /// (float32, CPU).
     torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk = 512,
-                          SparseAttention* sparse = nullptr,
+                          RowChooser* chooser = nullptr,
                           QueryObserver* observer = nullptr) const;
 
     /// prefill() computed layer by layer instead of chunk by chunk: every token goes through

@@ -1,0 +1,304 @@
+// IceCache (Mao et al., ICLR 2026): each (layer, kv head)'s keys in a multi-level DCI index
+// (kv/index/dci.hpp) whose pages hold tokens that are near in meaning; a query walks the index
+// down and retrieves the pages with the best keys it meets. Rows that leave the window join the
+// index as decoding goes (a live segment); packets indexed by kvindex bring their index along
+// (stored segments, restored on first use, their keys rotated back by the offset they were
+// packed at).
+#include "common.hpp"
+#include "kv/index/dci.hpp"
+#include "kv/memory.hpp"
+#include "kv/model/ops.hpp"
+#include "kv/sparse/sparse_attention.hpp"
+#include "methods.hpp"
+
+#include <functional>
+#include <span>
+#include <string>
+
+namespace kv::sparse {
+namespace {
+
+// The keys of rows [first, first + count) of one head, float32, rotated back by delta.
+torch::Tensor index_keys(const KvCache& cache, int64_t layer, int64_t head, int64_t first,
+                         int64_t count, int64_t delta, const Rope& rope) {
+    torch::Tensor rows = cache.read_keys(layer, head, first, count);
+    if (delta != 0) rows = rope.shift(rows, -delta);
+    return rows.contiguous();
+}
+
+// One index segment: rows [first_row, first_row + size) of the cache, indexed per (layer, head)
+// with keys rotated back by `delta` positions.
+struct Segment {
+    int64_t first_row = 0;
+    int64_t delta = 0;
+    PacketIndex* stored = nullptr;  // restored lazily from this, per layer
+    int64_t stored_segment = 0;
+    int64_t stored_count = 0;
+    std::vector<std::unique_ptr<DciIndex>> indexes;  // per layer * kv_heads + head
+    std::vector<int64_t> live_rows;  // live segments: rows indexed so far, per layer
+};
+
+class IceCache final : public SparsePolicy {
+  public:
+    explicit IceCache(const PolicySetup& setup)
+        : config_(setup.config),
+          rope_(setup.rope),
+          options_(setup.options),
+          split_(setup.split),
+          // Indexes built while decoding use the direction kvindex draws by default.
+          projection_(dci_projection(setup.config.head_dim, 1)),
+          covered_(static_cast<std::size_t>(setup.config.num_layers), 0) {}
+
+    int64_t unit_rows() const override { return options_.page_size; }
+    bool parallel_heads() const override { return true; }
+
+    void add_stored_index(int64_t first_row, int64_t position_offset, PacketIndex index) override {
+        if (index.empty()) return;
+        stored_indexes_.push_back(std::make_unique<PacketIndex>(std::move(index)));
+        PacketIndex* kept = stored_indexes_.back().get();
+        for (std::size_t i = 0; i < kept->segments.size(); ++i) {
+            Segment segment;
+            segment.first_row = first_row + kept->segments[i].first;
+            segment.delta = kept->segments[i].delta + position_offset;
+            segment.stored = kept;
+            segment.stored_segment = static_cast<int64_t>(i);
+            segment.stored_count = kept->segments[i].count;
+            segment.indexes.resize(
+                static_cast<std::size_t>(config_.num_layers * config_.num_kv_heads));
+            segments_.push_back(std::move(segment));
+        }
+        std::sort(segments_.begin(), segments_.end(),
+                  [](const Segment& a, const Segment& b) { return a.first_row < b.first_row; });
+    }
+
+    void prepare(const KvCache& cache, const std::vector<int64_t>& layers,
+                 SparseStats& stats) override {
+        std::vector<std::function<void()>> jobs;
+        for (int64_t layer : layers)
+            index_rows(layer, cache, cache.keys(layer).size(1) - split_.window, jobs, stats);
+        run_index_jobs(jobs, stats);
+    }
+
+    void begin_step(const SparseStep& step, SparseStats& stats) override {
+        std::vector<std::function<void()>> jobs;
+        index_rows(step.layer, step.cache, step.resident.window_start, jobs, stats);
+        run_index_jobs(jobs, stats);
+        // The query rotated back by each segment's offset, once per step for every head.
+        shifted_.assign(segments_.size(), {});
+        for (std::size_t g = 0; g < segments_.size(); ++g)
+            shifted_[g] = segments_[g].delta != 0
+                              ? rope_.shift(step.queries.unsqueeze(1), -segments_[g].delta)
+                                    .squeeze(1)
+                                    .contiguous()
+                              : step.queries;
+    }
+
+    void rank(const SparseStep& step, int64_t head, std::vector<Ranking>& rankings) override {
+        const int64_t kv_heads = step.cache.kv_heads(), dim = step.cache.head_dim();
+        const int64_t wanted = step.retrievable;
+        DciQueryOptions query_options;
+        query_options.pages = wanted;
+        query_options.field_of_view = options_.field_of_view;
+        query_options.retrieve_share = options_.retrieve_share;
+        const auto plane = static_cast<std::size_t>(step.layer * kv_heads + head);
+        for (int64_t member = 0; member < step.group; ++member) {
+            struct Found {
+                float score;
+                std::size_t segment;
+                int32_t page;
+            };
+            std::vector<Found> found;
+            for (std::size_t g = 0; g < segments_.size(); ++g) {
+                const auto& index = segments_[g].indexes[plane];
+                if (!index) continue;
+                const float* query =
+                    shifted_[g].data_ptr<float>() + (head * step.group + member) * dim;
+                const DciQueryResult result = index->query(query, query_options);
+                step.dot_products[static_cast<std::size_t>(head)] += result.dot_products;
+                for (std::size_t i = 0; i < result.pages.size(); ++i)
+                    found.push_back({result.page_scores[i], g, result.pages[i]});
+            }
+            std::sort(found.begin(), found.end(),
+                      [](const Found& a, const Found& b) { return a.score > b.score; });
+            if (static_cast<int64_t>(found.size()) > wanted)
+                found.resize(static_cast<std::size_t>(wanted));
+            Ranking& ranking = rankings[static_cast<std::size_t>(member)];
+            for (const Found& f : found) {
+                const Segment& segment = segments_[f.segment];
+                // A page is known by its segment and its number there.
+                RankedUnit unit{static_cast<int64_t>(f.segment) << 32 | f.page, {}};
+                for (int32_t token : segment.indexes[plane]->tokens_of_page(f.page))
+                    unit.rows.push_back(segment.first_row + token);
+                ranking.push_back(std::move(unit));
+            }
+        }
+    }
+
+  private:
+    /// Adds to `jobs` the index work for the rows of `layer` before `window_start` that no
+    /// index holds yet: stored segments are restored, the rest (BOS, the prompt, decoded tokens)
+    /// grows live segments. The segments are decided here, on the calling thread; restoring,
+    /// building and growing each head's index are the jobs, independent of each other, run on
+    /// the compute threads (run_index_jobs).
+    void index_rows(int64_t layer, const KvCache& cache, int64_t window_start,
+                    std::vector<std::function<void()>>& jobs, SparseStats& stats);
+    void run_index_jobs(std::vector<std::function<void()>>& jobs, SparseStats& stats);
+    /// A job restoring the stored index of `segment` for one head.
+    std::function<void()> restore_job(const Segment& segment, DciIndex* index, int64_t layer,
+                                      int64_t head, const KvCache& cache);
+
+    ModelConfig config_;
+    const Rope& rope_;
+    SparseOptions options_;
+    BudgetSplit split_;
+    std::vector<float> projection_;
+    std::vector<std::unique_ptr<PacketIndex>> stored_indexes_;
+    std::vector<Segment> segments_;       // by first row
+    std::vector<int64_t> covered_;        // per layer: rows indexed so far
+    std::vector<torch::Tensor> shifted_;  // per segment: this step's queries in its frame
+    // Where restored indexes keep their keys when the cache's tier is a file (the cache's
+    // KvCache::new_spill_file(), made on first use; null for a cache in memory).
+    std::unique_ptr<FileArena> spill_;
+    bool spill_asked_ = false;
+};
+
+std::function<void()> IceCache::restore_job(const Segment& segment, DciIndex* index, int64_t layer,
+                                            int64_t head, const KvCache& cache) {
+    return [&rope = rope_, index, &cache, head, first = segment.first_row,
+            count = segment.stored_count, delta = segment.delta, stored_index = segment.stored,
+            stored_segment = segment.stored_segment, layer, kv_heads = config_.num_kv_heads,
+            arena = spill_.get()] {
+        // Each layout is restored once: its memory goes when its index exists.
+        const DciLayout layout = stored_index->take_layout(layer, head, kv_heads, stored_segment);
+        const std::string source = "the index of cache rows " + std::to_string(first) + "+";
+        if (!arena) {
+            const torch::Tensor k = index_keys(cache, layer, head, first, count, delta, rope);
+            index->restore(k.data_ptr<float>(), count, layout, source);
+            return;
+        }
+        // A row per token: its key, projection and id (DciIndex::restore_in_place).
+        const auto row_bytes = static_cast<std::size_t>(cache.head_dim() + 2) * sizeof(float);
+        const FileArena::Region storage =
+            arena->allocate(static_cast<std::size_t>(count) * row_bytes);
+        KeyStorage keys_in_file;
+        keys_in_file.rows = reinterpret_cast<float*>(storage.bytes.data());
+        // Queries read by pread: their keys never become resident.
+        keys_in_file.read = [arena, offset = storage.offset, row_bytes](int64_t from, int64_t n,
+                                                                        float* out) {
+            arena->read(offset + static_cast<std::size_t>(from) * row_bytes,
+                        static_cast<std::size_t>(n) * row_bytes, out);
+        };
+        index->restore_in_place(
+            [&](std::span<const int32_t> tokens, float* out) {
+                // Read through the cache (pread from its file): restoring brings no page of it
+                // into memory, and the storage is written front to back, each page once, then
+                // dropped.
+                std::vector<int64_t> rows(tokens.size());
+                for (std::size_t i = 0; i < tokens.size(); ++i)
+                    rows[i] = first + tokens[i];
+                torch::Tensor k = cache.gather_keys(layer, head, rows);
+                if (delta != 0) k = rope.shift(k, -delta);
+                k = k.contiguous();
+                std::copy_n(k.data_ptr<float>(), k.numel(), out);
+                drop_mapped_file_pages(storage.bytes.data(), storage.bytes.size());
+            },
+            count, layout, source, std::move(keys_in_file));
+        // Written through the mapping; from now on only read with pread.
+        drop_mapped_file_pages(storage.bytes.data(), storage.bytes.size());
+    };
+}
+
+void IceCache::index_rows(int64_t layer, const KvCache& cache, int64_t window_start,
+                          std::vector<std::function<void()>>& jobs, SparseStats& stats) {
+    const int64_t kv_heads = cache.kv_heads(), dim = cache.head_dim();
+    const auto layer_slot = static_cast<std::size_t>(layer);
+    if (!spill_asked_) {
+        spill_ = cache.new_spill_file();
+        spill_asked_ = true;
+    }
+    int64_t& covered = covered_[layer_slot];
+    while (covered < window_start) {
+        auto stored = std::find_if(segments_.begin(), segments_.end(), [&](const Segment& g) {
+            return g.stored && g.first_row <= covered && covered < g.first_row + g.stored_count;
+        });
+        if (stored != segments_.end()) {
+            for (int64_t head = 0; head < kv_heads; ++head) {
+                auto& index = stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
+                index = std::make_unique<DciIndex>(dim, stored->stored->projection);
+                jobs.push_back(restore_job(*stored, index.get(), layer, head, cache));
+            }
+            covered = stored->first_row + stored->stored_count;
+            continue;
+        }
+        // Up to the next stored segment or the window.
+        int64_t end = window_start;
+        for (const Segment& g : segments_)
+            if (g.stored && g.first_row > covered) end = std::min(end, g.first_row);
+        Segment* live = nullptr;
+        for (Segment& g : segments_) {
+            const auto& first = g.indexes[static_cast<std::size_t>(layer * kv_heads)];
+            if (!g.stored && first && g.first_row + g.live_rows[layer_slot] == covered) live = &g;
+        }
+        const bool grows = live != nullptr;
+        if (!live) {
+            // A new live segment; later layers find it by its first row.
+            auto found = std::find_if(segments_.begin(), segments_.end(), [&](const Segment& g) {
+                return !g.stored && g.first_row == covered;
+            });
+            if (found == segments_.end()) {
+                Segment segment;
+                segment.first_row = covered;
+                segment.indexes.resize(static_cast<std::size_t>(config_.num_layers * kv_heads));
+                segment.live_rows.assign(static_cast<std::size_t>(config_.num_layers), 0);
+                segments_.push_back(std::move(segment));
+                std::sort(
+                    segments_.begin(), segments_.end(),
+                    [](const Segment& a, const Segment& b) { return a.first_row < b.first_row; });
+                found = std::find_if(segments_.begin(), segments_.end(), [&](const Segment& g) {
+                    return !g.stored && g.first_row == covered;
+                });
+            }
+            live = &*found;
+            for (int64_t head = 0; head < kv_heads; ++head)
+                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)] =
+                    std::make_unique<DciIndex>(dim, projection_);
+        }
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            DciIndex* index =
+                live->indexes[static_cast<std::size_t>(layer * kv_heads + head)].get();
+            jobs.push_back([&rope = rope_, &cache, index, layer, head, first = covered,
+                            count = end - covered, grows] {
+                const torch::Tensor k = index_keys(cache, layer, head, first, count, 0, rope);
+                if (grows)
+                    index->insert(k.data_ptr<float>(), count);
+                else
+                    index->build(k.data_ptr<float>(), count);
+            });
+        }
+        live->live_rows[layer_slot] += end - covered;
+        stats.indexed_tokens += (end - covered) * kv_heads;
+        covered = end;
+    }
+}
+
+void IceCache::run_index_jobs(std::vector<std::function<void()>>& jobs, SparseStats& stats) {
+    if (jobs.empty()) return;
+    const auto started = Clock::now();
+    // One job per (segment, layer, head); at::parallel_for hands them to the compute threads
+    // and rethrows the first failure (a stored index that does not fit its keys).
+    at::parallel_for(0, static_cast<int64_t>(jobs.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t job = begin; job < end; ++job)
+            jobs[static_cast<std::size_t>(job)]();
+    });
+    jobs.clear();
+    stats.index_seconds += since(started);
+    if (spill_) stats.offloaded_index_bytes = static_cast<int64_t>(spill_->size());
+}
+
+}  // namespace
+
+std::unique_ptr<SparsePolicy> make_icecache(const PolicySetup& setup) {
+    return std::make_unique<IceCache>(setup);
+}
+
+}  // namespace kv::sparse
