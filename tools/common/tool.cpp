@@ -16,6 +16,8 @@
 #include <ctime>
 #include <iostream>
 
+#include <unistd.h>
+
 namespace kv::cli {
 namespace {
 
@@ -87,8 +89,8 @@ void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& jso
     });
 }
 
-void write_report(const json::Value& report, const std::string& output) {
-    const std::string text = json::dump(report, 2) + "\n";
+void write_report(const json::Value& report, const std::string& output, int indent) {
+    const std::string text = json::dump(report, indent) + "\n";
     if (output == "-")
         std::fputs(text.c_str(), stderr);
     else
@@ -160,8 +162,70 @@ void add_compression_options(CLI::App& app, CompressionSettings& settings) {
 }
 
 void add_verbosity_options(CLI::App& app, Verbosity& options) {
-    app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
-    app.add_flag("-v,--verbose", options.verbose, "More chatter on stderr");
+    CLI::Option* quiet =
+        app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
+    add_verbose_option(app, options)->excludes(quiet);
+}
+
+CLI::Option* add_verbose_option(CLI::App& app, Verbosity& options) {
+    return app.add_flag("-v,--verbose", options.verbose, "More chatter on stderr");
+}
+
+Reporter::Reporter(std::string tool, const Verbosity& verbosity, Summary summary)
+    : tool_(std::move(tool)),
+      verbosity_(verbosity),
+      summary_(summary),
+      live_(!verbosity.quiet && ::isatty(STDERR_FILENO)) {}
+
+Reporter::~Reporter() {
+    end_progress();
+}
+
+void Reporter::end_progress() {
+    if (!open_) return;
+    std::fputc('\n', stderr);
+    open_ = false;
+}
+
+void Reporter::line(const std::string& text) {
+    end_progress();
+    std::fprintf(stderr, "%s: %s\n", tool_.c_str(), text.c_str());
+}
+
+void Reporter::progress(const ProgressLine& update) {
+    if (live_) {
+        std::fprintf(stderr, "\r%s: %s%s", tool_.c_str(), update.text.c_str(),
+                     update.last ? "\n" : "");
+        open_ = !update.last;
+    } else if (verbosity_.verbose && update.plain) {
+        std::fprintf(stderr, "%s: %s\n", tool_.c_str(), update.text.c_str());
+    }
+}
+
+void Reporter::warning(const std::string& text) {
+    if (!text.empty()) line(text);
+}
+
+void Reporter::detail(const std::string& text) {
+    if (verbosity_.verbose) line(text);
+}
+
+void Reporter::finish(const std::string& summary) {
+    end_progress();
+    if (verbosity_.quiet) return;
+    if (summary_ == Summary::by_default || verbosity_.verbose) line(summary);
+}
+
+void Reporter::finish(const std::string& summary, bool json_report, const json::Value& report,
+                      const std::string& output, int indent, const std::string& warning) {
+    end_progress();
+    if (json_report) {
+        write_report(report, output, indent);
+    } else if (!verbosity_.quiet && (summary_ == Summary::by_default || verbosity_.verbose)) {
+        line(summary);
+    } else {
+        this->warning(warning);
+    }
 }
 
 Provenance provenance(const std::string& tool, int argc, char** argv) {

@@ -4,6 +4,19 @@
 // Exit codes: 0 success, 1 runtime or data error, 2 usage error. Errors are one line on stderr,
 // "kvtool: error: ...". --help and --version print to stdout and exit 0. No tool ends on a
 // signal: SIGPIPE is ignored and a failed write to stdout is an ordinary error.
+//
+// What a tool says on stderr, and what -q and -v change (the Reporter below applies it):
+//  - errors: always, one line (run_tool);
+//  - warnings, lines saying that data was dropped or skipped (kvbake's skipped documents, the
+//    IceCache indexes kvpack and kvinspect compress drop) or that a checked file has a problem
+//    (kvinspect check): always; -q does not silence them;
+//  - progress: on a terminal one line rewritten in place, unless -q; with -v plain lines (one
+//    per step) also when stderr is not a terminal;
+//  - the summary line that ends a run: by default for kvbake, kvtrain and kvinspect compress,
+//    only with -v for the others (kvindex, kvpack, kvinspect check, export and merge); never
+//    with -q, nor when --json prints the report instead;
+//  - details: more lines with -v only (kvinspect compress: one per packet).
+// -q and -v exclude each other. A --json report is output asked for, not chatter: -q keeps it.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,6 +24,7 @@
 #include <functional>
 
 #include <string>
+#include "kv/api/report.hpp"
 #include "kv/compress.hpp"
 #include "kv/format/cache_writer.hpp"
 
@@ -45,15 +59,58 @@ void add_threads_option(CLI::App& app, int& threads);
 void add_compute_options(CLI::App& app, ComputeOptions& options);
 /// --zstd-level, -f/--force and --json, for tools that write a cache file.
 void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report);
-/// Prints a --json report: on stdout, or on stderr when stdout carries the cache (`output` "-").
-void write_report(const json::Value& report, const std::string& output);
+/// Prints a --json report: on stdout, or on stderr when stdout carries the cache (`output` "-");
+/// `indent` as json::dump's.
+void write_report(const json::Value& report, const std::string& output, int indent = 2);
 /// How much compression prunes and its rules' parameters (kvinspect compress, kvbake
 /// --compress): --ratio, --keep-tokens, --keep-adapters, --seed, --sinks, --window-size,
 /// --kernel-size, --future-positions, --sketch-dimension, --local-window. The method option is
 /// the tool's own.
 void add_compression_options(CLI::App& app, CompressionSettings& settings);
-/// -q/--quiet, -v/--verbose.
+/// -q/--quiet and -v/--verbose, which exclude each other (the rule above).
 void add_verbosity_options(CLI::App& app, Verbosity& options);
+/// -v/--verbose alone, for commands that print nothing on stderr but errors and warnings unless
+/// asked (so -q would change nothing): kvinspect check, export and merge.
+CLI::Option* add_verbose_option(CLI::App& app, Verbosity& options);
+
+/// When a tool's summary line is printed without --json: unless -q, or only with -v.
+enum class Summary { by_default, when_verbose };
+
+/// A tool's stderr for one run, by the rule at the top of this file: progress, warnings, the
+/// summary line or the --json report, details. Every line starts with the tool's name. A
+/// progress line left open on a terminal is ended before anything else is printed and when the
+/// reporter goes (an error then starts on a line of its own).
+class Reporter {
+  public:
+    Reporter(std::string tool, const Verbosity& verbosity, Summary summary);
+    ~Reporter();
+    Reporter(const Reporter&) = delete;
+    Reporter& operator=(const Reporter&) = delete;
+
+    /// One progress update (the library's progress_line).
+    void progress(const ProgressLine& line);
+    /// A line -q does not silence (the rule above).
+    void warning(const std::string& text);
+    /// A line printed only with -v.
+    void detail(const std::string& text);
+    /// The run's result: with `json_report` the JSON value (write_report's rule, indented by
+    /// `indent`, -1 for one line), otherwise the summary line when the rule says so. `warning`
+    /// is what the summary and the JSON carry that -q must not silence: printed on its own when
+    /// neither is.
+    void finish(const std::string& summary, bool json_report, const json::Value& report,
+                const std::string& output, int indent = 2, const std::string& warning = "");
+    /// The summary line when the rule says so (for commands without --json).
+    void finish(const std::string& summary);
+
+  private:
+    void end_progress();
+    void line(const std::string& text);
+    std::string tool_;
+    Verbosity verbosity_;
+    Summary summary_;
+    bool live_;          ///< progress rewritten in place: stderr is a terminal and not -q
+    bool open_ = false;  ///< a live progress line awaits its end
+};
 
 /// Creates the app, lets `configure` add options, parses, and runs `body`, mapping CLI11 parse
 /// errors and kv::UsageError to 2, every other error to 1. Returns the exit code for main.

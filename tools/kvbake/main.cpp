@@ -1,12 +1,7 @@
 // kvbake: bake documents into a cache file of packets.
 #include "kv/api/bake.hpp"
 #include "kv/error.hpp"
-#include "kv/json.hpp"
 #include "tool.hpp"
-
-#include <unistd.h>
-
-#include <cstdio>
 
 int main(int argc, char** argv) {
     kv::cli::ModelOptions model;
@@ -90,53 +85,15 @@ int main(int argc, char** argv) {
                     throw kv::UsageError(std::string(name) + " needs --compress METHOD");
         }
         options.provenance = kv::cli::provenance("kvbake", argc, argv);
-        const bool live = !verbosity.quiet && ::isatty(STDERR_FILENO);
-        if (live || verbosity.verbose)
-            options.progress = [&](const kv::BakeProgress& progress) {
-                std::fprintf(stderr, "%skvbake: %lld/%lld documents, %lld tokens, %.0f tokens/s%s",
-                             live ? "\r" : "", static_cast<long long>(progress.documents_done),
-                             static_cast<long long>(progress.documents_total),
-                             static_cast<long long>(progress.tokens_done),
-                             progress.seconds > 0 ? progress.tokens_done / progress.seconds : 0.0,
-                             live ? "" : "\n");
-            };
+        kv::cli::Reporter reporter("kvbake", verbosity, kv::cli::Summary::by_default);
+        options.progress = [&](const kv::BakeProgress& progress) {
+            reporter.progress(kv::progress_line(progress));
+        };
         const kv::BakeReport report = kv::bake(options);
-        if (live) std::fputc('\n', stderr);
         for (const std::string& problem : report.skipped)
-            std::fprintf(stderr, "kvbake: skipped: %s\n", problem.c_str());
-        if (json_report) {
-            kv::json::Value value = kv::json::Value::object();
-            value.set("documents", report.documents);
-            value.set("tokens", report.tokens);
-            value.set("seconds", report.seconds);
-            value.set("tokens_per_second", report.tokens_per_second);
-            value.set("truncated", report.truncated);
-            if (options.compress) {
-                value.set("compress", kv::compression_method_name(options.compress->method));
-                value.set("stored_tokens", report.stored_tokens);
-            }
-            kv::json::Value skipped = kv::json::Value::array();
-            for (const std::string& problem : report.skipped)
-                skipped.push_back(problem);
-            value.set("skipped", std::move(skipped));
-            if (options.append) value.set("kept_documents", report.kept_documents);
-            kv::cli::write_report(value, output);
-        } else if (!verbosity.quiet) {
-            std::string extra;
-            if (options.append)
-                extra += ", appended to " + std::to_string(report.kept_documents) + " kept";
-            if (report.truncated) extra += ", " + std::to_string(report.truncated) + " truncated";
-            if (options.compress)
-                extra += ", compressed by " +
-                         std::string(kv::compression_method_name(options.compress->method)) +
-                         " to " + std::to_string(report.stored_tokens) + " tokens per head";
-            if (!report.skipped.empty())
-                extra += ", " + std::to_string(report.skipped.size()) + " skipped";
-            std::fprintf(
-                stderr, "kvbake: %lld documents, %lld tokens in %.2f s (%.0f tokens/s)%s\n",
-                static_cast<long long>(report.documents), static_cast<long long>(report.tokens),
-                report.seconds, report.tokens_per_second, extra.c_str());
-        }
+            reporter.warning("skipped: " + problem);
+        reporter.finish(kv::summary(report, options), json_report, kv::to_json(report, options),
+                        output);
         return 0;
     };
 

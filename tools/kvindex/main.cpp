@@ -1,11 +1,6 @@
 // kvindex: build IceCache's DCI index and semantic pages for every packet of a cache file.
 #include "kv/api/index.hpp"
-#include "kv/json.hpp"
 #include "tool.hpp"
-
-#include <unistd.h>
-
-#include <cstdio>
 
 int main(int argc, char** argv) {
     kv::IndexOptions options;
@@ -45,33 +40,12 @@ int main(int argc, char** argv) {
         options.input = input;
         options.output = output;
         options.provenance = kv::cli::provenance("kvindex", argc, argv);
-        if (!verbosity.quiet && ::isatty(STDERR_FILENO))
-            options.progress = [](int64_t done, int64_t total) {
-                std::fprintf(stderr, "\rkvindex: %lld/%lld packets", static_cast<long long>(done),
-                             static_cast<long long>(total));
-                if (done == total) std::fputc('\n', stderr);
-            };
+        kv::cli::Reporter reporter("kvindex", verbosity, kv::cli::Summary::when_verbose);
+        options.progress = [&](const kv::IndexProgress& progress) {
+            reporter.progress(kv::progress_line(progress));
+        };
         const kv::IndexReport report = kv::index_cache_file(options);
-        if (json_report) {
-            kv::json::Value value = kv::json::Value::object();
-            value.set("packets", report.packets);
-            value.set("tokens", report.tokens);
-            value.set("indexes", report.indexes);
-            value.set("pages", report.pages);
-            value.set("kept", report.kept);
-            value.set("max_levels", static_cast<int64_t>(report.max_levels));
-            value.set("build_seconds", report.build_seconds);
-            value.set("seconds", report.seconds);
-            kv::cli::write_report(value, output);
-        } else if (verbosity.verbose) {
-            std::fprintf(
-                stderr,
-                "kvindex: %lld packets, %lld tokens, %lld indexes, %lld pages, up to %d "
-                "levels; built in %.3f s (%.3f s in all)\n",
-                static_cast<long long>(report.packets), static_cast<long long>(report.tokens),
-                static_cast<long long>(report.indexes), static_cast<long long>(report.pages),
-                report.max_levels, report.build_seconds, report.seconds);
-        }
+        reporter.finish(kv::summary(report), json_report, kv::to_json(report), output);
         return 0;
     };
 

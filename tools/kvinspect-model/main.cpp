@@ -9,7 +9,6 @@
 #include "kv/mapped_file.hpp"
 #include "tool.hpp"
 
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@ int main(int argc, char** argv) {
     std::string compress_method, compress_input, output;
     kv::cli::ModelOptions compress_model;
     bool compress_json = false;
+    kv::cli::Verbosity compress_verbosity;
     CLI::App* compress = nullptr;
     CLI::App* plot_attention = nullptr;
     kv::AttentionPlotOptions plot;
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
             ->envname("KV_DEVICE")
             ->default_val("auto");
         kv::cli::add_cache_output_options(*compress, compression.write, compress_json);
+        kv::cli::add_verbosity_options(*compress, compress_verbosity);
 
         CLI::App* plot_command = app.add_subcommand("plot", "Draw what a model does with a cache");
         plot_command->require_subcommand(1);
@@ -114,52 +115,12 @@ int main(int argc, char** argv) {
         if (!compress_model.model.empty()) compression.model = compress_model.model;
         if (!compress_model.tokenizer.empty()) compression.tokenizer = compress_model.tokenizer;
         compression.provenance = kv::cli::provenance("kvinspect", argc, argv);
+        kv::cli::Reporter reporter("kvinspect", compress_verbosity, kv::cli::Summary::by_default);
         const kv::CompressReport report = kv::compress_cache_file(compression);
-        int64_t before = 0, after = 0, per_head = 0, dropped = 0;
-        kv::json::Value packets = kv::json::Value::array();
-        for (const kv::CompressedPacket& line : report.packets) {
-            before += line.stored_before;
-            after += line.stored_after;
-            per_head += line.per_head;
-            dropped += line.index_dropped;
-            kv::json::Value item = kv::json::Value::object();
-            item.set("id", line.id);
-            item.set("logical_length", line.logical_length);
-            item.set("stored_before", line.stored_before);
-            item.set("stored_after", line.stored_after);
-            item.set("per_head", line.per_head);
-            item.set("index_dropped", line.index_dropped);
-            packets.push_back(item);
-        }
-        if (compress_json) {
-            kv::json::Value value = kv::json::Value::object();
-            value.set("method", report.method);
-            value.set("quantization", report.quantization);
-            value.set("compressed", static_cast<int64_t>(report.packets.size()));
-            value.set("copied", report.copied);
-            value.set("tokens_before", before);
-            value.set("tokens_after", after);
-            value.set("bytes_before", report.bytes_before);
-            value.set("bytes_after", report.bytes_after);
-            value.set("seconds", report.seconds);
-            value.set("packets", packets);
-            kv::cli::write_report(value, output);
-        } else {
-            const std::string how =
-                report.method.empty() ? "stored as " + report.quantization
-                : report.quantization == "none"
-                    ? "with " + report.method
-                    : "with " + report.method + ", stored as " + report.quantization;
-            std::fprintf(stderr,
-                         "kvinspect: compressed %zu packet%s %s: %lld -> %lld tokens per "
-                         "head, %lld -> %lld bytes of keys and values%s%s\n",
-                         report.packets.size(), report.packets.size() == 1 ? "" : "s", how.c_str(),
-                         static_cast<long long>(before), static_cast<long long>(after),
-                         static_cast<long long>(report.bytes_before),
-                         static_cast<long long>(report.bytes_after),
-                         per_head ? ", tokens chosen per head" : "",
-                         dropped ? " (IceCache indexes dropped: run kvindex again)" : "");
-        }
+        reporter.finish(kv::summary(report), compress_json, kv::to_json(report), output, 2,
+                        kv::warning(report));
+        for (const std::string& line : kv::details(report))
+            reporter.detail(line);
         return 0;
     };
 

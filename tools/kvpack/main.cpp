@@ -2,10 +2,7 @@
 #include "kv/api/pack.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_store.hpp"
-#include "kv/json.hpp"
 #include "tool.hpp"
-
-#include <cstdio>
 
 int main(int argc, char** argv) {
     kv::PackOptions options;
@@ -36,35 +33,10 @@ int main(int argc, char** argv) {
         if (!preamble.empty()) options.preamble = kv::parse_cache_selection(preamble);
         options.output = output;
         options.provenance = kv::cli::provenance("kvpack", argc, argv);
+        kv::cli::Reporter reporter("kvpack", verbosity, kv::cli::Summary::when_verbose);
         const kv::PackReport report = kv::pack_caches(options);
-        if (!report.index_dropped.empty() && !verbosity.quiet)
-            std::fprintf(stderr, "kvpack: note: %s: the context carries no IceCache index\n",
-                         report.index_dropped.c_str());
-        if (json_report) {
-            kv::json::Value value = kv::json::Value::object();
-            kv::json::Value parts = kv::json::Value::array();
-            for (const kv::PackPart& part : report.parts) {
-                kv::json::Value item = kv::json::Value::object();
-                item.set("file", part.file);
-                item.set("id", part.id);
-                item.set("offset", part.offset);
-                item.set("logical_length", part.logical_length);
-                item.set("stored_length", part.stored_length);
-                parts.push_back(std::move(item));
-            }
-            value.set("packets", static_cast<int64_t>(report.parts.size()));
-            value.set("logical_length", report.logical_length);
-            value.set("stored_length", report.stored_length);
-            value.set("bytes_read", report.bytes_read);
-            value.set("indexed", report.indexed);
-            value.set("seconds", report.seconds);
-            value.set("parts", std::move(parts));
-            kv::cli::write_report(value, output);
-        } else if (verbosity.verbose) {
-            std::fprintf(stderr, "kvpack: %zu packets, %lld tokens (%lld stored) in %.3f s\n",
-                         report.parts.size(), static_cast<long long>(report.logical_length),
-                         static_cast<long long>(report.stored_length), report.seconds);
-        }
+        reporter.warning(kv::warning(report));
+        reporter.finish(kv::summary(report), json_report, kv::to_json(report), output);
         return 0;
     };
 

@@ -1,12 +1,7 @@
 // kvtrain: learn KV Packet's header/trailer adapters for a model by self-distillation.
 #include "kv/api/train.hpp"
 #include "kv/error.hpp"
-#include "kv/json.hpp"
 #include "tool.hpp"
-
-#include <unistd.h>
-
-#include <cstdio>
 
 int main(int argc, char** argv) {
     kv::cli::ModelOptions model;
@@ -89,54 +84,13 @@ int main(int argc, char** argv) {
         options.dtype = compute.dtype;
         options.use_mmap = compute.mmap;
         options.provenance = kv::cli::provenance("kvtrain", argc, argv);
-        const bool live = !verbosity.quiet && ::isatty(STDERR_FILENO);
-        if (live || verbosity.verbose)
-            options.progress = [&](const kv::TrainProgress& progress) {
-                if (progress.phase == "teacher") {
-                    if (!live && progress.done != progress.total) return;
-                    std::fprintf(stderr, "%skvtrain: teacher %lld/%lld samples, %.0f s%s",
-                                 live ? "\r" : "", static_cast<long long>(progress.done),
-                                 static_cast<long long>(progress.total), progress.seconds,
-                                 live && progress.done != progress.total ? "" : "\n");
-                    return;
-                }
-                const int width = 24;
-                const int filled =
-                    static_cast<int>(width * progress.done / std::max<int64_t>(progress.total, 1));
-                std::fprintf(
-                    stderr, "%skvtrain: [%.*s%*s] step %lld/%lld epoch %lld loss %.4f, %.0f s%s",
-                    live ? "\r" : "", filled, "########################", width - filled, "",
-                    static_cast<long long>(progress.done), static_cast<long long>(progress.total),
-                    static_cast<long long>(progress.epoch), progress.loss, progress.seconds,
-                    live && progress.done != progress.total ? "" : "\n");
-            };
+        kv::cli::Reporter reporter("kvtrain", verbosity, kv::cli::Summary::by_default);
+        options.progress = [&](const kv::TrainProgress& progress) {
+            reporter.progress(kv::progress_line(progress));
+        };
         const kv::TrainReport report = kv::train_adapter(options);
-        if (live) std::fputc('\n', stderr);
-        if (json_report) {
-            kv::json::Value value = kv::json::Value::object();
-            value.set("samples", report.samples);
-            value.set("teacher_answered", report.teacher_answered);
-            value.set("teacher_reused", report.teacher_reused);
-            value.set("answer_tokens", report.answer_tokens);
-            value.set("steps", report.steps);
-            value.set("total_steps", report.total_steps);
-            value.set("first_loss", report.first_loss);
-            value.set("last_loss", report.last_loss);
-            value.set("teacher_seconds", report.teacher_seconds);
-            value.set("train_seconds", report.train_seconds);
-            value.set("adapter_fingerprint", report.fingerprint);
-            kv::cli::write_stdout(kv::json::dump(value) + "\n");
-        } else if (!verbosity.quiet) {
-            std::fprintf(
-                stderr,
-                "kvtrain: %lld samples (%lld answered, %lld reused), step %lld/%lld, "
-                "loss %.4f -> %.4f per answer token, %.1f s; adapter %.12s\n",
-                static_cast<long long>(report.samples),
-                static_cast<long long>(report.teacher_answered),
-                static_cast<long long>(report.teacher_reused), static_cast<long long>(report.steps),
-                static_cast<long long>(report.total_steps), report.first_loss, report.last_loss,
-                report.teacher_seconds + report.train_seconds, report.fingerprint.c_str());
-        }
+        // The adapter file is never standard output: the JSON report goes there, on one line.
+        reporter.finish(kv::summary(report), json_report, kv::to_json(report), "", -1);
         return 0;
     };
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kv/format/cache_writer.hpp"
+#include "kv/json.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -104,5 +105,20 @@ struct CompressReport {
 /// FormatError for a packet that cannot be compressed (already per-head, or pruned before
 /// when the rule needs its queries); nothing is written then.
 CompressReport compress_cache_file(const CompressOptions& options);
+
+/// kvinspect compress --json: method, quantization, compressed, copied, tokens_before,
+/// tokens_after, bytes_before, bytes_after, seconds, and per packet its id, logical_length,
+/// stored_before, stored_after, per_head and index_dropped.
+json::Value to_json(const CompressReport& report);
+/// kvinspect compress's summary line: "compressed 3 packets with knorm: 60 -> 42 tokens per
+/// head, ... bytes of keys and values", and whether tokens were chosen per head and IceCache
+/// indexes dropped.
+std::string summary(const CompressReport& report);
+/// "note: IceCache indexes dropped from 2 packets: run kvindex again" when some were, ""
+/// otherwise: the warning the summary line and the JSON report carry, for when neither is shown.
+std::string warning(const CompressReport& report);
+/// One line per compressed packet (kvinspect compress -v): "packet 'd1': 23 -> 16 tokens per
+/// head, of 23 positions", and whether its tokens were chosen per head and its index dropped.
+std::vector<std::string> details(const CompressReport& report);
 
 }  // namespace kv

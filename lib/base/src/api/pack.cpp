@@ -1,4 +1,5 @@
 #include "kv/api/pack.hpp"
+#include "kv/api/report.hpp"
 #include "kv/format/cache_reader.hpp"
 
 #include "kv/error.hpp"
@@ -231,6 +232,40 @@ PackReport pack_caches(const PackOptions& options) {
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return report;
+}
+
+json::Value to_json(const PackReport& report) {
+    json::Value value = json::Value::object();
+    json::Value parts = json::Value::array();
+    for (const PackPart& part : report.parts) {
+        json::Value item = json::Value::object();
+        item.set("file", part.file);
+        item.set("id", part.id);
+        item.set("offset", part.offset);
+        item.set("logical_length", part.logical_length);
+        item.set("stored_length", part.stored_length);
+        parts.push_back(std::move(item));
+    }
+    value.set("packets", static_cast<int64_t>(report.parts.size()));
+    value.set("logical_length", report.logical_length);
+    value.set("stored_length", report.stored_length);
+    value.set("bytes_read", report.bytes_read);
+    value.set("indexed", report.indexed);
+    value.set("seconds", report.seconds);
+    value.set("parts", std::move(parts));
+    return value;
+}
+
+std::string summary(const PackReport& report) {
+    return format_text("%zu packets, %lld tokens (%lld stored) in %.3f s", report.parts.size(),
+                       static_cast<long long>(report.logical_length),
+                       static_cast<long long>(report.stored_length), report.seconds);
+}
+
+std::string warning(const PackReport& report) {
+    return report.index_dropped.empty()
+               ? ""
+               : "note: " + report.index_dropped + ": the context carries no IceCache index";
 }
 
 }  // namespace kv

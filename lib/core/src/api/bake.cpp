@@ -241,4 +241,47 @@ BakeReport bake(const BakeOptions& options) {
     return report;
 }
 
+ProgressLine progress_line(const BakeProgress& progress) {
+    return {format_text("%lld/%lld documents, %lld tokens, %.0f tokens/s",
+                        static_cast<long long>(progress.documents_done),
+                        static_cast<long long>(progress.documents_total),
+                        static_cast<long long>(progress.tokens_done),
+                        progress.seconds > 0 ? progress.tokens_done / progress.seconds : 0.0)};
+}
+
+json::Value to_json(const BakeReport& report, const BakeOptions& options) {
+    json::Value value = json::Value::object();
+    value.set("documents", report.documents);
+    value.set("tokens", report.tokens);
+    value.set("seconds", report.seconds);
+    value.set("tokens_per_second", report.tokens_per_second);
+    value.set("truncated", report.truncated);
+    if (options.compress) {
+        value.set("compress", compression_method_name(options.compress->method));
+        value.set("stored_tokens", report.stored_tokens);
+    }
+    json::Value skipped = json::Value::array();
+    for (const std::string& problem : report.skipped)
+        skipped.push_back(problem);
+    value.set("skipped", std::move(skipped));
+    if (options.append) value.set("kept_documents", report.kept_documents);
+    return value;
+}
+
+std::string summary(const BakeReport& report, const BakeOptions& options) {
+    std::string extra;
+    if (options.append) extra += ", appended to " + std::to_string(report.kept_documents) + " kept";
+    if (report.truncated) extra += ", " + std::to_string(report.truncated) + " truncated";
+    if (options.compress)
+        extra += ", compressed by " +
+                 std::string(compression_method_name(options.compress->method)) + " to " +
+                 std::to_string(report.stored_tokens) + " tokens per head";
+    if (!report.skipped.empty()) extra += ", " + std::to_string(report.skipped.size()) + " skipped";
+    return format_text("%lld documents, %lld tokens in %.2f s (%.0f tokens/s)",
+                       static_cast<long long>(report.documents),
+                       static_cast<long long>(report.tokens), report.seconds,
+                       report.tokens_per_second) +
+           extra;
+}
+
 }  // namespace kv

@@ -1,5 +1,7 @@
 #include "kv/compress.hpp"
 
+#include "kv/api/report.hpp"
+
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
 #include "kv/format/cache_writer.hpp"
@@ -128,6 +130,79 @@ CompressReport compress_cache_file(const CompressOptions& options) {
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return report;
+}
+
+json::Value to_json(const CompressReport& report) {
+    int64_t before = 0, after = 0;
+    json::Value packets = json::Value::array();
+    for (const CompressedPacket& line : report.packets) {
+        before += line.stored_before;
+        after += line.stored_after;
+        json::Value item = json::Value::object();
+        item.set("id", line.id);
+        item.set("logical_length", line.logical_length);
+        item.set("stored_before", line.stored_before);
+        item.set("stored_after", line.stored_after);
+        item.set("per_head", line.per_head);
+        item.set("index_dropped", line.index_dropped);
+        packets.push_back(std::move(item));
+    }
+    json::Value value = json::Value::object();
+    value.set("method", report.method);
+    value.set("quantization", report.quantization);
+    value.set("compressed", static_cast<int64_t>(report.packets.size()));
+    value.set("copied", report.copied);
+    value.set("tokens_before", before);
+    value.set("tokens_after", after);
+    value.set("bytes_before", report.bytes_before);
+    value.set("bytes_after", report.bytes_after);
+    value.set("seconds", report.seconds);
+    value.set("packets", std::move(packets));
+    return value;
+}
+
+std::string summary(const CompressReport& report) {
+    int64_t before = 0, after = 0, per_head = 0, dropped = 0;
+    for (const CompressedPacket& line : report.packets) {
+        before += line.stored_before;
+        after += line.stored_after;
+        per_head += line.per_head;
+        dropped += line.index_dropped;
+    }
+    const std::string how = report.method.empty() ? "stored as " + report.quantization
+                            : report.quantization == "none"
+                                ? "with " + report.method
+                                : "with " + report.method + ", stored as " + report.quantization;
+    return format_text(
+        "compressed %zu packet%s %s: %lld -> %lld tokens per head, %lld -> %lld "
+        "bytes of keys and values%s%s",
+        report.packets.size(), report.packets.size() == 1 ? "" : "s", how.c_str(),
+        static_cast<long long>(before), static_cast<long long>(after),
+        static_cast<long long>(report.bytes_before), static_cast<long long>(report.bytes_after),
+        per_head ? ", tokens chosen per head" : "",
+        dropped ? " (IceCache indexes dropped: run kvindex again)" : "");
+}
+
+std::string warning(const CompressReport& report) {
+    const auto dropped =
+        std::count_if(report.packets.begin(), report.packets.end(),
+                      [](const CompressedPacket& line) { return line.index_dropped; });
+    if (!dropped) return "";
+    return format_text("note: IceCache indexes dropped from %lld packet%s: run kvindex again",
+                       static_cast<long long>(dropped), dropped == 1 ? "" : "s");
+}
+
+std::vector<std::string> details(const CompressReport& report) {
+    std::vector<std::string> lines;
+    for (const CompressedPacket& line : report.packets)
+        lines.push_back("packet " + kv::quoted(line.id) + ": " +
+                        format_text("%lld -> %lld tokens per head, of %lld positions",
+                                    static_cast<long long>(line.stored_before),
+                                    static_cast<long long>(line.stored_after),
+                                    static_cast<long long>(line.logical_length)) +
+                        (line.per_head ? ", chosen per head" : "") +
+                        (line.index_dropped ? ", IceCache index dropped" : ""));
+    return lines;
 }
 
 }  // namespace kv

@@ -103,12 +103,40 @@ IndexReport index_cache_file(const IndexOptions& options) {
         report.tokens += packet.stored_length();
         writer.add(packet);
         ++report.packets;
-        if (options.progress) options.progress(report.packets, total);
+        if (options.progress) options.progress({report.packets, total});
     }
     writer.finish();
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return report;
+}
+
+ProgressLine progress_line(const IndexProgress& progress) {
+    return {format_text("%lld/%lld packets", static_cast<long long>(progress.packets_done),
+                        static_cast<long long>(progress.packets_total)),
+            progress.packets_done == progress.packets_total};
+}
+
+json::Value to_json(const IndexReport& report) {
+    json::Value value = json::Value::object();
+    value.set("packets", report.packets);
+    value.set("tokens", report.tokens);
+    value.set("indexes", report.indexes);
+    value.set("pages", report.pages);
+    value.set("kept", report.kept);
+    value.set("max_levels", static_cast<int64_t>(report.max_levels));
+    value.set("build_seconds", report.build_seconds);
+    value.set("seconds", report.seconds);
+    return value;
+}
+
+std::string summary(const IndexReport& report) {
+    return format_text(
+        "%lld packets, %lld tokens, %lld indexes, %lld pages, up to %d levels; built in %.3f s "
+        "(%.3f s in all)",
+        static_cast<long long>(report.packets), static_cast<long long>(report.tokens),
+        static_cast<long long>(report.indexes), static_cast<long long>(report.pages),
+        report.max_levels, report.build_seconds, report.seconds);
 }
 
 }  // namespace kv

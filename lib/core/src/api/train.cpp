@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -489,6 +490,50 @@ TrainReport train_adapter(const TrainOptions& options) {
     report.train_seconds = seconds_since(train_start);
     report.fingerprint = adapter.fingerprint();
     return report;
+}
+
+ProgressLine progress_line(const TrainProgress& progress) {
+    const bool last = progress.done == progress.total;
+    if (progress.phase == "teacher")
+        return {
+            format_text("teacher %lld/%lld samples, %.0f s", static_cast<long long>(progress.done),
+                        static_cast<long long>(progress.total), progress.seconds),
+            last, last};
+    const int width = 24;
+    const int filled =
+        static_cast<int>(width * progress.done / std::max<int64_t>(progress.total, 1));
+    return {
+        format_text("[%.*s%*s] step %lld/%lld epoch %lld loss %.4f, %.0f s", filled,
+                    "########################", width - filled, "",
+                    static_cast<long long>(progress.done), static_cast<long long>(progress.total),
+                    static_cast<long long>(progress.epoch), progress.loss, progress.seconds),
+        last};
+}
+
+json::Value to_json(const TrainReport& report) {
+    json::Value value = json::Value::object();
+    value.set("samples", report.samples);
+    value.set("teacher_answered", report.teacher_answered);
+    value.set("teacher_reused", report.teacher_reused);
+    value.set("answer_tokens", report.answer_tokens);
+    value.set("steps", report.steps);
+    value.set("total_steps", report.total_steps);
+    value.set("first_loss", report.first_loss);
+    value.set("last_loss", report.last_loss);
+    value.set("teacher_seconds", report.teacher_seconds);
+    value.set("train_seconds", report.train_seconds);
+    value.set("adapter_fingerprint", report.fingerprint);
+    return value;
+}
+
+std::string summary(const TrainReport& report) {
+    return format_text(
+        "%lld samples (%lld answered, %lld reused), step %lld/%lld, loss %.4f -> %.4f per answer "
+        "token, %.1f s; adapter %.12s",
+        static_cast<long long>(report.samples), static_cast<long long>(report.teacher_answered),
+        static_cast<long long>(report.teacher_reused), static_cast<long long>(report.steps),
+        static_cast<long long>(report.total_steps), report.first_loss, report.last_loss,
+        report.teacher_seconds + report.train_seconds, report.fingerprint.c_str());
 }
 
 }  // namespace kv

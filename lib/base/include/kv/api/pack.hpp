@@ -5,6 +5,7 @@
 
 #include "kv/format/cache_store.hpp"
 #include "kv/format/cache_writer.hpp"
+#include "kv/json.hpp"
 
 #include <filesystem>
 #include <optional>
@@ -54,6 +55,15 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
 /// MismatchError naming both files when inputs come from different models, tokenizers or dtypes;
 /// nothing is written then.
 PackReport pack_caches(const PackOptions& options);
+
+/// kvpack --json: packets, logical_length, stored_length, bytes_read, indexed, seconds, and the
+/// parts (file, id, offset, logical_length, stored_length).
+json::Value to_json(const PackReport& report);
+/// kvpack's summary line: "2 packets, 15 tokens (15 stored) in 0.012 s".
+std::string summary(const PackReport& report);
+/// "note: packet 'b' has no index: the context carries no IceCache index" when the parts'
+/// indexes were dropped, "" otherwise: a warning, which -q does not silence.
+std::string warning(const PackReport& report);
 
 /// Throws MismatchError naming the packet unless it was baked with the adapter the context's
 /// earlier packets were (`context_adapter`, "" for none): wrapped and plain packets never mix.

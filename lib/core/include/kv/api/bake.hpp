@@ -5,8 +5,10 @@
 // the speed of one long one, with no padding. Torch-free header: the tool includes only this.
 #pragma once
 
+#include "kv/api/report.hpp"
 #include "kv/compress.hpp"
 #include "kv/format/cache_writer.hpp"
+#include "kv/json.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -67,5 +69,14 @@ struct BakeReport {
 };
 
 BakeReport bake(const BakeOptions& options);
+
+/// kvbake's progress: "3/10 documents, 1200 tokens, 800 tokens/s".
+ProgressLine progress_line(const BakeProgress& progress);
+/// kvbake --json: documents, tokens, seconds, tokens_per_second, truncated, compress and
+/// stored_tokens (when compressing), skipped, kept_documents (when appending).
+json::Value to_json(const BakeReport& report, const BakeOptions& options);
+/// kvbake's summary line: "3 documents, 1200 tokens in 1.50 s (800 tokens/s)", then what was
+/// appended, truncated, compressed and skipped.
+std::string summary(const BakeReport& report, const BakeOptions& options);
 
 }  // namespace kv

@@ -3,7 +3,9 @@
 // all it reads. Torch-free header: the tool includes only this.
 #pragma once
 
+#include "kv/api/report.hpp"
 #include "kv/format/cache_writer.hpp"
+#include "kv/json.hpp"
 
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +13,11 @@
 #include <vector>
 
 namespace kv {
+
+struct IndexProgress {
+    int64_t packets_done = 0;
+    int64_t packets_total = 0;
+};
 
 struct IndexOptions {
     std::filesystem::path input;         ///< "-": standard input
@@ -25,8 +32,7 @@ struct IndexOptions {
     bool keep_existing = false;  ///< leave packets that already have an index as they are
     CacheWriteOptions write;
     Provenance provenance;
-    /// Called after each packet with (packets done, packets in all).
-    std::function<void(int64_t, int64_t)> progress;
+    std::function<void(const IndexProgress&)> progress;  ///< after each packet
 };
 
 struct IndexReport {
@@ -43,5 +49,13 @@ struct IndexReport {
 /// Reads `input`, indexes every packet and writes `output` atomically (the input is never
 /// modified; the same path for both is fine).
 IndexReport index_cache_file(const IndexOptions& options);
+
+/// kvindex's progress: "3/10 packets".
+ProgressLine progress_line(const IndexProgress& progress);
+/// kvindex --json: packets, tokens, indexes, pages, kept, max_levels, build_seconds, seconds.
+json::Value to_json(const IndexReport& report);
+/// kvindex's summary line: "3 packets, 1200 tokens, 48 indexes, 75 pages, up to 3 levels; built
+/// in 0.120 s (0.150 s in all)".
+std::string summary(const IndexReport& report);
 
 }  // namespace kv

@@ -10,6 +10,8 @@
 // Torch-free header: the tool includes only this.
 #pragma once
 
+#include "kv/api/report.hpp"
+#include "kv/json.hpp"
 #include "kv/packet.hpp"
 
 #include <cstdint>
@@ -90,5 +92,15 @@ struct TrainReport {
 };
 
 TrainReport train_adapter(const TrainOptions& options);
+
+/// kvtrain's progress: "teacher 12/64 samples, 30 s" (only the last of these is a plain line),
+/// then "[######                  ] step 3/12 epoch 1 loss 0.5321, 45 s".
+ProgressLine progress_line(const TrainProgress& progress);
+/// kvtrain --json: samples, teacher_answered, teacher_reused, answer_tokens, steps, total_steps,
+/// first_loss, last_loss, teacher_seconds, train_seconds, adapter_fingerprint.
+json::Value to_json(const TrainReport& report);
+/// kvtrain's summary line: "64 samples (64 answered, 0 reused), step 12/12, loss 0.9000 ->
+/// 0.4000 per answer token, 80.0 s; adapter 0123456789ab".
+std::string summary(const TrainReport& report);
 
 }  // namespace kv
