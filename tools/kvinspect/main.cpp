@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
     std::string show_file, diff_a, diff_b, export_input, export_to, output, packet;
     std::vector<std::string> check_files, merge_inputs;
     bool json = false, force = false, quiet = false;
+    kv::cli::Verbosity verbosity;
     double tolerance = 0;
     int zstd_level = 3;
     CLI::App* show = nullptr;
@@ -97,6 +98,7 @@ int main(int argc, char** argv) {
             "check",
             "Verify cache files: structure, checksums of every chunk, shapes, finite values");
         check->add_option("files", check_files, "Cache files ('-': standard input)")->required();
+        kv::cli::add_verbose_option(*check, verbosity);
 
         diff = app.add_subcommand(
             "diff",
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
         exporter->add_option("-o,--output", output, "Output file ('-': standard output)")
             ->required();
         exporter->add_flag("--force", force, "Write binary data even to a terminal");
+        kv::cli::add_verbose_option(*exporter, verbosity);
 
         merge =
             app.add_subcommand("merge", "Merge cache files (shards) into one, keeping their order");
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
             ->default_val(3)
             ->check(CLI::Range(0, 22));
         merge->add_flag("--force", force, "Write binary data even to a terminal");
+        kv::cli::add_verbose_option(*merge, verbosity);
 
         // Compression needs libtorch, which takes half a second to load: it lives in a helper
         // program (main() hands it the command line), so that the other subcommands start fast.
@@ -145,6 +149,7 @@ int main(int argc, char** argv) {
     };
 
     auto body = [&]() -> int {
+        kv::cli::Reporter reporter("kvinspect", verbosity, kv::cli::Summary::when_verbose);
         if (show->parsed()) {
             const kv::CacheReader reader(show_file);
             kv::cli::write_stdout(json ? kv::json::dump(kv::describe_cache_json(reader), 2) + "\n"
@@ -157,11 +162,13 @@ int main(int argc, char** argv) {
                 stdin_count += file == "-";
             if (stdin_count > 1) throw kv::UsageError("standard input ('-') can be read only once");
             bool sound = true;
-            for (const std::string& file : check_files)
-                for (const std::string& problem : kv::check_cache_file(file)) {
-                    std::fprintf(stderr, "kvinspect: %s\n", problem.c_str());
-                    sound = false;
-                }
+            for (const std::string& file : check_files) {
+                const kv::CheckReport report = kv::check_cache(file);
+                for (const std::string& problem : report.problems)
+                    reporter.warning(problem);
+                reporter.detail(kv::summary(report));
+                sound = sound && report.problems.empty();
+            }
             return sound ? 0 : 1;
         }
         if (diff->parsed()) {
@@ -182,15 +189,16 @@ int main(int argc, char** argv) {
             }
         }
         if (exporter->parsed()) {
-            kv::export_safetensors(export_input, output, force);
+            reporter.finish(kv::summary(kv::export_safetensors(export_input, output, force)));
             return 0;
         }
         kv::CacheWriteOptions options;
         options.zstd_level = zstd_level;
         options.force = force;
         const std::vector<std::filesystem::path> inputs(merge_inputs.begin(), merge_inputs.end());
-        kv::merge_cache_files(inputs, output,
-                              {"kvinspect", KV_VERSION, command_line(argc, argv), ""}, options);
+        const kv::MergeReport report = kv::merge_cache_files(
+            inputs, output, {"kvinspect", KV_VERSION, command_line(argc, argv), ""}, options);
+        reporter.finish(kv::summary(report, output));
         return 0;
     };
 

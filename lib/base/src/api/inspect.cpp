@@ -331,15 +331,19 @@ json::Value describe_cache_json(const CacheReader& reader) {
     return report;
 }
 
-std::vector<std::string> check_cache_file(const std::filesystem::path& path) {
-    std::vector<std::string> problems;
+CheckReport check_cache(const std::filesystem::path& path) {
+    CheckReport report;
+    std::vector<std::string>& problems = report.problems;
+    report.source = path == "-" ? "standard input" : kv::quoted(path.string());
     std::unique_ptr<CacheReader> reader;
     try {
         reader = std::make_unique<CacheReader>(path);
     } catch (const Error& error) {
         problems.push_back(error.what());
-        return problems;
+        return report;
     }
+    report.source = reader->source();
+    report.packets = static_cast<int64_t>(reader->packets().size());
     const CacheModelInfo& model = reader->model();
     if (reader->has_adapter()) {
         try {
@@ -363,7 +367,19 @@ std::vector<std::string> check_cache_file(const std::filesystem::path& path) {
             problems.push_back(error.what());
         }
     }
-    return problems;
+    return report;
+}
+
+std::vector<std::string> check_cache_file(const std::filesystem::path& path) {
+    return check_cache(path).problems;
+}
+
+std::string summary(const CheckReport& report) {
+    const std::size_t problems = report.problems.size();
+    return report.source + ": " +
+           (problems ? format("%zu problem%s", problems, problems == 1 ? "" : "s") : "sound") +
+           format(", %lld packet%s", static_cast<long long>(report.packets),
+                  report.packets == 1 ? "" : "s");
 }
 
 DiffReport diff_cache_files(const std::filesystem::path& a, const std::filesystem::path& b,
@@ -533,8 +549,8 @@ std::string format_diff_report(const DiffReport& report, double tolerance) {
     return text;
 }
 
-void export_safetensors(const std::filesystem::path& input, const std::filesystem::path& output,
-                        bool force) {
+ExportReport export_safetensors(const std::filesystem::path& input,
+                                const std::filesystem::path& output, bool force) {
     const CacheReader reader(input);
     const CacheModelInfo& model = reader.model();
     const char* dtype = model.dtype == CacheDtype::f32    ? "F32"
@@ -587,6 +603,11 @@ void export_safetensors(const std::filesystem::path& input, const std::filesyste
     }
     std::string text = json::dump(header);
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps tensor data 8-byte aligned
+    ExportReport report;
+    report.output = output == "-" ? "standard output" : kv::quoted(output.string());
+    report.packets = static_cast<int64_t>(reader.packets().size());
+    report.tensors = static_cast<int64_t>(header.size()) - 1;  // less __metadata__
+    report.bytes = 8 + static_cast<int64_t>(text.size()) + offset;
     std::string prefix(8, '\0');
     for (int i = 0; i < 8; ++i)
         prefix[i] = static_cast<char>((text.size() >> (8 * i)) & 0xff);
@@ -606,6 +627,25 @@ void export_safetensors(const std::filesystem::path& input, const std::filesyste
         }
     }
     out.commit();
+    return report;
+}
+
+std::string summary(const ExportReport& report) {
+    return format("exported %lld packet%s as %lld tensors to %s (%lld bytes)",
+                  static_cast<long long>(report.packets), report.packets == 1 ? "" : "s",
+                  static_cast<long long>(report.tensors), report.output.c_str(),
+                  static_cast<long long>(report.bytes));
+}
+
+std::string summary(const MergeReport& report, const std::filesystem::path& output) {
+    const std::string target = output == "-" ? "standard output" : kv::quoted(output.string());
+    return format(
+        "merged %lld file%s into %s: %lld packet%s, %lld tokens (%lld stored), %lld "
+        "bytes of keys and values",
+        static_cast<long long>(report.files), report.files == 1 ? "" : "s", target.c_str(),
+        static_cast<long long>(report.packets), report.packets == 1 ? "" : "s",
+        static_cast<long long>(report.tokens), static_cast<long long>(report.stored_tokens),
+        static_cast<long long>(report.bytes));
 }
 
 }  // namespace kv

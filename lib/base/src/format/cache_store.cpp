@@ -19,9 +19,9 @@ namespace kv {
 
 using format::system_reason;
 
-void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
-                       const std::filesystem::path& output, const Provenance& provenance,
-                       const CacheWriteOptions& options) {
+MergeReport merge_cache_files(const std::vector<std::filesystem::path>& inputs,
+                              const std::filesystem::path& output, const Provenance& provenance,
+                              const CacheWriteOptions& options) {
     if (inputs.empty()) throw UsageError("nothing to merge: no input files");
     if (std::count(inputs.begin(), inputs.end(), std::filesystem::path("-")) > 1)
         throw UsageError("standard input ('-') can be read only once");
@@ -50,10 +50,19 @@ void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
     }
 
     CacheWriter writer(output, first.model(), provenance, options);
+    MergeReport report;
+    report.files = static_cast<int64_t>(readers.size());
     for (const auto& reader : readers)
-        for (const PacketInfo& info : reader->packets())
-            writer.add(reader->read(info.id));
+        for (const PacketInfo& info : reader->packets()) {
+            const Packet packet = reader->read(info.id);
+            ++report.packets;
+            report.tokens += packet.logical_length;
+            report.stored_tokens += packet.stored_length();
+            report.bytes += static_cast<int64_t>(packet.keys.size() + packet.values.size());
+            writer.add(packet);
+        }
     writer.finish();
+    return report;
 }
 
 CacheFileLock::CacheFileLock(const std::filesystem::path& path) {

@@ -82,6 +82,17 @@ TEST_CASE("check reports values that are not finite, one line per tensor", "[ins
     const std::vector<std::string> missing = kv::check_cache_file(dir / "none.kvc");
     REQUIRE(missing.size() == 1);
     CHECK(missing[0].find("No such file") != std::string::npos);
+
+    // The report behind check -v: the file, its packets and its problems.
+    const kv::CheckReport bad = kv::check_cache(dir / "a.kvc");
+    CHECK(bad.packets == 2);
+    CHECK(bad.problems == problems);
+    CHECK(kv::summary(bad) == name + ": 2 problems, 2 packets");
+    const std::string sound = "'" + (dir / "b.kvc").string() + "'";
+    CHECK(kv::summary(kv::check_cache(dir / "b.kvc")) == sound + ": sound, 1 packet");
+    const kv::CheckReport none = kv::check_cache(dir / "none.kvc");
+    CHECK(none.packets == 0);
+    CHECK(kv::summary(none) == "'" + (dir / "none.kvc").string() + "': 1 problem, 0 packets");
 }
 
 TEST_CASE("diff compares packets layer by layer", "[inspect]") {
@@ -154,7 +165,13 @@ TEST_CASE("export writes every packet into one safetensors file", "[inspect]") {
     const std::vector<kv::Packet> packets = {make_packet(model, "doc.1", 5, 1),
                                              make_packet(model, "doc-2", 2, 2)};
     write_store(dir / "a.kvc", model, packets);
-    kv::export_safetensors(dir / "a.kvc", dir / "a.safetensors");
+    const kv::ExportReport report = kv::export_safetensors(dir / "a.kvc", dir / "a.safetensors");
+    CHECK(report.packets == 2);
+    CHECK(report.tensors == 8);
+    CHECK(report.bytes == static_cast<int64_t>(std::filesystem::file_size(dir / "a.safetensors")));
+    CHECK(kv::summary(report) == "exported 2 packets as 8 tensors to '" +
+                                     (dir / "a.safetensors").string() + "' (" +
+                                     std::to_string(report.bytes) + " bytes)");
 
     const kv::SafetensorsFile file = kv::SafetensorsFile::open(dir / "a.safetensors");
     CHECK(file.entries().size() == 8);

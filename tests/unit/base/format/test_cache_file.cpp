@@ -379,8 +379,16 @@ TEST_CASE("merge concatenates stores and refuses mismatches", "[cache_file]") {
     const std::vector<kv::Packet> second = {make_packet(model, "c", 3, 3)};
     write_store(dir / "1.kvc", model, first);
     write_store(dir / "2.kvc", model, second);
-    kv::merge_cache_files({dir / "2.kvc", dir / "1.kvc"}, dir / "all.kvc",
-                          {"kvinspect", "0.1.0", "kvinspect merge 2.kvc 1.kvc -o all.kvc", ""});
+    const kv::MergeReport report =
+        kv::merge_cache_files({dir / "2.kvc", dir / "1.kvc"}, dir / "all.kvc",
+                              {"kvinspect", "0.1.0", "kvinspect merge 2.kvc 1.kvc -o all.kvc", ""});
+    CHECK(report.files == 2);
+    CHECK(report.packets == 3);
+    CHECK(report.tokens == 5 + 9 + 3);
+    CHECK(report.stored_tokens == 5 + 9 + 3);
+    CHECK(report.bytes == static_cast<int64_t>(first[0].keys.size() + first[0].values.size() +
+                                               first[1].keys.size() + first[1].values.size() +
+                                               second[0].keys.size() + second[0].values.size()));
     const kv::CacheReader merged(dir / "all.kvc");
     REQUIRE(merged.packets().size() == 3);
     CHECK(merged.packets()[0].id == "c");

@@ -2,7 +2,7 @@
 //
 // Torch-free: these work on the stored bytes, converting bf16 and f16 to float where values are
 // compared, so kvinspect runs without libtorch. Merging is merge_cache_files
-// (kv/format/cache_store.hpp).
+// (kv/format/cache_store.hpp); its report's summary is here.
 #pragma once
 
 #include "kv/format/cache_reader.hpp"
@@ -24,11 +24,21 @@ std::string describe_cache_text(const CacheReader& reader);
 /// show --json: the same as a JSON object; every field of the file's metadata, packet by packet.
 json::Value describe_cache_json(const CacheReader& reader);
 
+struct CheckReport {
+    std::string source;                 ///< the file, quoted ("standard input" for "-")
+    int64_t packets = 0;                ///< in the file (0 when it cannot be opened)
+    std::vector<std::string> problems;  ///< one line each, naming the file (and the packet)
+};
+
 /// check: reads every chunk of every packet (so every checksum is verified), validates shapes
-/// and looks for values that are not finite. Returns one line per problem, each naming the file
-/// (and the packet); empty when the file is sound. Errors that stop the reading of a packet are
-/// reported and the next packet is checked.
+/// and looks for values that are not finite. Problems are empty when the file is sound. Errors
+/// that stop the reading of a packet are reported and the next packet is checked.
+CheckReport check_cache(const std::filesystem::path& path);
+/// check_cache's problems.
 std::vector<std::string> check_cache_file(const std::filesystem::path& path);
+/// kvinspect check -v, one line per file: "'a.kvc': sound, 3 packets" or "'a.kvc': 2 problems,
+/// 3 packets".
+std::string summary(const CheckReport& report);
 
 struct DiffOptions {
     double tolerance = 0;               ///< largest absolute difference still counted as equal
@@ -75,7 +85,19 @@ std::string format_diff_report(const DiffReport& report, double tolerance);
 /// "<id>.token_ids" (I32) and "<id>.positions" (I64); the metadata holds the model, provenance
 /// and packet index as JSON strings. Written one packet at a time (memory holds one packet),
 /// atomically; "-" is standard output, refused when it is a terminal unless `force`.
-void export_safetensors(const std::filesystem::path& input, const std::filesystem::path& output,
-                        bool force = false);
+struct ExportReport {
+    std::string output;  ///< quoted ("standard output" for "-")
+    int64_t packets = 0;
+    int64_t tensors = 0;
+    int64_t bytes = 0;  ///< the whole file: header and tensors
+};
+ExportReport export_safetensors(const std::filesystem::path& input,
+                                const std::filesystem::path& output, bool force = false);
+/// kvinspect export -v: "exported 3 packets as 12 tensors to 'a.safetensors' (34567 bytes)".
+std::string summary(const ExportReport& report);
+
+/// kvinspect merge -v: "merged 2 files into 'all.kvc': 6 packets, 120 tokens (120 stored), 61440
+/// bytes of keys and values".
+std::string summary(const MergeReport& report, const std::filesystem::path& output);
 
 }  // namespace kv

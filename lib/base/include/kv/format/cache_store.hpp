@@ -4,6 +4,7 @@
 
 #include "kv/format/cache_writer.hpp"
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -34,13 +35,23 @@ struct CacheSelection {
 };
 CacheSelection parse_cache_selection(const std::string& spec);
 
+/// What merge_cache_files wrote.
+struct MergeReport {
+    int64_t files = 0;
+    int64_t packets = 0;
+    int64_t tokens = 0;         ///< logical lengths, summed
+    int64_t stored_tokens = 0;  ///< stored lengths, summed
+    int64_t bytes = 0;          ///< keys and values, as read (dequantised)
+};
+
 /// Merges stores baked separately (shards of one kvbake run, say) into `output`: the packets of
 /// every input, inputs in the order given and packets in file order, tensors copied exactly.
 /// Throws MismatchError naming both files when two inputs differ in model information
 /// (check_compatible) or share a packet id; nothing is written then. At most one input may be
-/// "-"; `output` may be one of the inputs (it is replaced atomically at the end).
-void merge_cache_files(const std::vector<std::filesystem::path>& inputs,
-                       const std::filesystem::path& output, const Provenance& provenance,
-                       const CacheWriteOptions& options = {});
+/// "-"; `output` may be one of the inputs (it is replaced atomically at the end). Returns what was
+/// written.
+MergeReport merge_cache_files(const std::vector<std::filesystem::path>& inputs,
+                              const std::filesystem::path& output, const Provenance& provenance,
+                              const CacheWriteOptions& options = {});
 
 }  // namespace kv
