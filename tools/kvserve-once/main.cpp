@@ -65,8 +65,9 @@ int main(int argc, char** argv) {
             ->default_val("full")
             ->check(CLI::IsMember(method_names));
         app.add_option("--budget", options.attention.budget,
-                       "Tokens each query head attends to in sparse layers: sink, window and "
-                       "retrieved pages (64: 16 + 16 + 2 pages of 16; 256: 32 + 32 + 12 pages)")
+                       "Rows each kv head attends to in sparse layers, its query heads together: "
+                       "sink, window and retrieved pages (64: 16 + 16 + 2 pages of 16; 256: 32 + "
+                       "32 + 12 pages)")
             ->default_val(256)
             ->check(CLI::Range(64, 1 << 30));
         app.add_option("--dense-layers", options.attention.dense_layers,

@@ -345,6 +345,13 @@ void Session::finish_stats() {
         if (sparse_stats.selections > 0)
             stats_.attended_tokens = static_cast<double>(sparse_stats.selected_tokens) /
                                      static_cast<double>(sparse_stats.selections);
+        for (std::size_t layer = 0; layer < sparse_stats.layer_selections.size(); ++layer)
+            if (sparse_stats.layer_selections[layer] > 0)
+                stats_.attended_per_layer.push_back(
+                    {static_cast<int64_t>(layer),
+                     static_cast<double>(sparse_stats.layer_rows_sum[layer]) /
+                         static_cast<double>(sparse_stats.layer_selections[layer]),
+                     sparse_stats.layer_rows_max[layer]});
         stats_.index_dot_products = sparse_stats.index_dot_products;
         stats_.indexed_tokens = sparse_stats.indexed_tokens;
         stats_.index_seconds = sparse_stats.index_seconds;
@@ -403,6 +410,15 @@ json::Value stats_to_json(const ServeStats& stats) {
     }
     if (stats.attention != "full" || !stats.attention_recall.empty()) {
         result.set("attended_tokens", stats.attended_tokens);
+        json::Value layers = json::Value::array();
+        for (const ServeStats::LayerRows& rows : stats.attended_per_layer) {
+            json::Value item = json::Value::object();
+            item.set("layer", rows.layer);
+            item.set("mean", rows.mean);
+            item.set("max", rows.max);
+            layers.push_back(std::move(item));
+        }
+        result.set("attended_per_layer", std::move(layers));
         result.set("index_dot_products", stats.index_dot_products);
         result.set("indexed_tokens", stats.indexed_tokens);
         result.set("index_seconds", stats.index_seconds);

@@ -47,7 +47,10 @@ class IceCache final : public SparsePolicy {
           split_(setup.split),
           // Indexes built while decoding use the direction kvindex draws by default.
           projection_(dci_projection(setup.config.head_dim, 1)),
-          covered_(static_cast<std::size_t>(setup.config.num_layers), 0) {}
+          // The sink is always resident: the index starts after it (as the authors' holds the
+          // pages between the sink and the window only). Stored segments still cover whole
+          // packets.
+          covered_(static_cast<std::size_t>(setup.config.num_layers), setup.split.sink) {}
 
     int64_t unit_rows() const override { return options_.page_size; }
     bool parallel_heads() const override { return true; }

@@ -24,6 +24,43 @@ Residency SparsePolicy::residency(const BudgetSplit& split, int64_t, int64_t row
 using sparse::Clock;
 using sparse::since;
 
+namespace {
+
+// IceCache's rule for grouped queries (its _DCI_query): the query heads' rankings interleaved
+// rank by rank (h0 r0, h1 r0, ..., h0 r1, ...) and the first `units` distinct units kept, so
+// that a kv head retrieves what one query head would, however many share it. Their rows go to
+// `chosen`.
+void merge_rankings(const std::vector<Ranking>& rankings, int64_t units, int64_t unit_rows,
+                    std::vector<int64_t>& chosen) {
+    std::vector<int64_t> taken;
+    for (std::size_t rank = 0; static_cast<int64_t>(taken.size()) < units; ++rank) {
+        bool more = false;
+        for (const Ranking& ranking : rankings) {
+            if (rank >= ranking.size()) continue;
+            more = true;
+            const RankedUnit& unit = ranking[rank];
+            if (std::find(taken.begin(), taken.end(), unit.id) != taken.end()) continue;
+            // The budget arithmetic rests on it: a unit holds at most unit_rows rows.
+            if (static_cast<int64_t>(unit.rows.size()) > unit_rows)
+                throw Error("sparse attention: a ranked unit holds " +
+                            std::to_string(unit.rows.size()) + " rows, more than " +
+                            std::to_string(unit_rows));
+            taken.push_back(unit.id);
+            chosen.insert(chosen.end(), unit.rows.begin(), unit.rows.end());
+            if (static_cast<int64_t>(taken.size()) == units) break;
+        }
+        if (!more) break;
+    }
+}
+
+}  // namespace
+
+int64_t SparseAttention::retrievable_rows(const Residency& resident, int64_t rows) const {
+    const int64_t sink = std::min(resident.sink, rows);
+    const int64_t window = rows - std::max<int64_t>(resident.window_start, sink);
+    return std::max<int64_t>(0, options_.budget - sink - window);
+}
+
 SparseAttention::SparseAttention(const ModelConfig& config, const Rope& rope, SparseOptions options)
     : options_(std::move(options)) {
     check_sparse_method(options_.method);
@@ -39,6 +76,9 @@ SparseAttention::SparseAttention(const ModelConfig& config, const Rope& rope, Sp
     last_rows_.resize(static_cast<std::size_t>(config.num_layers));
     stats_.recall_sum.assign(static_cast<std::size_t>(config.num_layers), 0.0);
     stats_.recall_count.assign(static_cast<std::size_t>(config.num_layers), 0);
+    stats_.layer_selections.assign(static_cast<std::size_t>(config.num_layers), 0);
+    stats_.layer_rows_sum.assign(static_cast<std::size_t>(config.num_layers), 0);
+    stats_.layer_rows_max.assign(static_cast<std::size_t>(config.num_layers), 0);
     if (!full) policy_ = make_sparse_policy(options_.method, {config, rope, options_, split_});
 }
 
@@ -101,9 +141,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             std::vector<Ranking> rankings(static_cast<std::size_t>(group));
             policy_->rank(step, head, rankings);
             auto& chosen = rows[static_cast<std::size_t>(head)];
-            for (const Ranking& ranking : rankings)
-                for (const RankedUnit& unit : ranking)
-                    chosen.insert(chosen.end(), unit.rows.begin(), unit.rows.end());
+            merge_rankings(rankings, step.retrievable, policy_->unit_rows(), chosen);
             add_resident(chosen);
         };
         if (policy_->parallel_heads())
@@ -117,8 +155,13 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
     last_rows_[layer_slot] = rows;
     stats_.select_seconds += since(started);
     stats_.selections += kv_heads;
-    for (const auto& chosen : rows)
-        stats_.selected_tokens += static_cast<int64_t>(chosen.size());
+    stats_.layer_selections[layer_slot] += kv_heads;
+    for (const auto& chosen : rows) {
+        const auto count = static_cast<int64_t>(chosen.size());
+        stats_.selected_tokens += count;
+        stats_.layer_rows_sum[layer_slot] += count;
+        stats_.layer_rows_max[layer_slot] = std::max(stats_.layer_rows_max[layer_slot], count);
+    }
     if (options_.measure_recall) measure_recall(layer, q, cache, rows);
     return true;
 }

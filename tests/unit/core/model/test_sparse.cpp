@@ -1,6 +1,5 @@
 // Sparse decoding: the budget split, attention over chosen rows against the float64 reference,
 // each method's choice against brute force, and IceCache over a packed (rotated) index.
-#include "test_support.hpp"
 #include "kv/error.hpp"
 #include "kv/index/dci.hpp"
 #include "kv/model/kv_cache.hpp"
@@ -9,6 +8,7 @@
 #include "kv/model/row_attention.hpp"
 #include "kv/sparse/sparse_attention.hpp"
 #include "random_model.hpp"
+#include "test_support.hpp"
 
 #include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
@@ -39,6 +39,34 @@ torch::Tensor clustered_keys(int64_t tokens, uint64_t seed) {
     const torch::Tensor centres = torch::randn({kv_heads, 24, dim}) * 2.0;
     const torch::Tensor which = torch::randint(0, 24, {tokens});
     return centres.index_select(1, which) + 0.5 * torch::randn({kv_heads, tokens, dim});
+}
+
+// Sorted rows: sink, window and `extra`.
+std::vector<int64_t> with_resident(std::set<int64_t> extra, int64_t total,
+                                   const BudgetSplit& split) {
+    for (int64_t r = 0; r < split.sink; ++r)
+        extra.insert(r);
+    for (int64_t r = total - split.window; r < total; ++r)
+        extra.insert(r);
+    return {extra.begin(), extra.end()};
+}
+
+// IceCache's rule for grouped queries, written plainly: the query heads' rankings (best first)
+// interleaved rank by rank, the first `count` distinct entries kept.
+std::vector<int64_t> first_distinct(const std::vector<std::vector<int64_t>>& rankings,
+                                    int64_t count) {
+    std::vector<int64_t> kept;
+    for (std::size_t rank = 0;; ++rank) {
+        bool more = false;
+        for (const auto& ranking : rankings) {
+            if (rank >= ranking.size()) continue;
+            more = true;
+            if (static_cast<int64_t>(kept.size()) < count &&
+                std::find(kept.begin(), kept.end(), ranking[rank]) == kept.end())
+                kept.push_back(ranking[rank]);
+        }
+        if (!more) return kept;
+    }
 }
 
 // A cache holding `keys` [Hkv, S, D] (values zero) in one layer, as a decoding step reads it.
@@ -137,10 +165,12 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
 
     SECTION("full and a budget the context fits attend to everything") {
         options.method = "full";
-        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
+        CHECK_FALSE(
+            SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
         options.method = "icecache";
         options.budget = total;
-        CHECK_FALSE(SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
+        CHECK_FALSE(
+            SparseAttention(config, rope, options).select(0, queries, cache_holding(keys), rows));
     }
     SECTION("streaming keeps the sink and the most recent tokens") {
         options.method = "streaming";
@@ -152,21 +182,26 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
             CHECK(chosen[16] == total - 48);
         }
     }
-    SECTION("the top-k oracle takes each query head's best tokens exactly") {
+    SECTION("the top-k oracle takes its query heads' best rows, interleaved, to the budget") {
         options.method = "topk";
         SparseAttention sparse(config, rope, options);
         REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
         check_shape_of_choice(rows, total, split);
-        for (int64_t h = 0; h < query_heads; ++h) {
-            const int64_t head = h / 2;
-            std::vector<std::pair<double, int64_t>> scored;
-            for (int64_t r = split.sink; r < total - split.window; ++r)
-                scored.emplace_back(-(queries[h][0] * keys[head][r]).sum().item<double>(), r);
-            std::sort(scored.begin(), scored.end());
-            const std::set<int64_t> chosen(rows[static_cast<std::size_t>(head)].begin(),
-                                           rows[static_cast<std::size_t>(head)].end());
-            for (int64_t i = 0; i < split.retrieved; ++i)
-                CHECK(chosen.count(scored[static_cast<std::size_t>(i)].second));
+        for (int64_t head = 0; head < kv_heads; ++head) {
+            std::vector<std::vector<int64_t>> rankings;
+            for (int64_t h = head * 2; h < head * 2 + 2; ++h) {
+                std::vector<std::pair<double, int64_t>> scored;
+                for (int64_t r = split.sink; r < total - split.window; ++r)
+                    scored.emplace_back(-(queries[h][0] * keys[head][r]).sum().item<double>(), r);
+                std::sort(scored.begin(), scored.end());
+                rankings.emplace_back();
+                for (int64_t i = 0; i < split.retrieved; ++i)
+                    rankings.back().push_back(scored[static_cast<std::size_t>(i)].second);
+            }
+            const std::vector<int64_t> best = first_distinct(rankings, split.retrieved);
+            CHECK(static_cast<int64_t>(best.size()) == split.retrieved);
+            CHECK(rows[static_cast<std::size_t>(head)] ==
+                  with_resident({best.begin(), best.end()}, total, split));
         }
     }
     SECTION("quest and h2o stay within their budgets") {
@@ -175,10 +210,7 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
             SparseAttention sparse(config, rope, options);
             REQUIRE(sparse.select(0, queries, cache_holding(keys), rows));
             for (const auto& chosen : rows)
-                CHECK(static_cast<int64_t>(chosen.size()) <=
-                      (std::string(method) == "h2o"
-                           ? 64
-                           : split.sink + split.window + 2 * split.retrieved));
+                CHECK(static_cast<int64_t>(chosen.size()) <= 64);
         }
     }
     SECTION("icecache, searching exhaustively, finds each query head's best token") {
@@ -201,7 +233,8 @@ TEST_CASE("each method chooses what it promises", "[sparse]") {
         const torch::Tensor longer = torch::cat({keys, clustered_keys(1, 9)}, 1);
         REQUIRE(sparse.select(0, queries, cache_holding(longer), rows));
         check_shape_of_choice(rows, total + 1, split);
-        CHECK(sparse.stats().indexed_tokens == (total - split.window + 1) * kv_heads);
+        // Every row between the sink (always resident, never indexed) and the window.
+        CHECK(sparse.stats().indexed_tokens == (total - split.sink - split.window + 1) * kv_heads);
     }
 }
 
@@ -212,16 +245,6 @@ torch::Tensor reference_scores(const torch::Tensor& queries, const torch::Tensor
     const torch::Tensor q = queries.reshape({query_heads, dim}).to(torch::kFloat64);
     const torch::Tensor k = keys.to(torch::kFloat64).repeat_interleave(query_heads / kv_heads, 0);
     return (q.unsqueeze(1) * k).sum(2);
-}
-
-// Sorted rows: sink, window and `extra`.
-std::vector<int64_t> with_resident(std::set<int64_t> extra, int64_t total,
-                                   const BudgetSplit& split) {
-    for (int64_t r = 0; r < split.sink; ++r)
-        extra.insert(r);
-    for (int64_t r = total - split.window; r < total; ++r)
-        extra.insert(r);
-    return {extra.begin(), extra.end()};
 }
 
 }  // namespace
@@ -246,21 +269,24 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
     const int64_t window_start = total - split.window;
     std::vector<std::vector<int64_t>> rows;
 
-    SECTION("topk: each query head's best rows, and the recall of what it chose") {
+    SECTION("topk: the query heads' best rows interleaved, and the recall of what it chose") {
         options.method = "topk";
         SparseAttention sparse(config, rope, options);
         REQUIRE(sparse.select(0, queries, cache_holding(first_keys), rows));
         double recall = 0;
         for (int64_t head = 0; head < kv_heads; ++head) {
-            std::set<int64_t> best;
+            std::vector<std::vector<int64_t>> rankings;
             for (int64_t member = 0; member < 2; ++member) {
                 const torch::Tensor middle =
                     scores[head * 2 + member].narrow(0, split.sink, window_start - split.sink);
                 const torch::Tensor top = std::get<1>(middle.topk(split.retrieved)) + split.sink;
+                rankings.emplace_back();
                 for (int64_t i = 0; i < split.retrieved; ++i)
-                    best.insert(top[i].item<int64_t>());
+                    rankings.back().push_back(top[i].item<int64_t>());
             }
-            const std::vector<int64_t> expected = with_resident(best, total, split);
+            const std::vector<int64_t> best = first_distinct(rankings, split.retrieved);
+            const std::vector<int64_t> expected =
+                with_resident({best.begin(), best.end()}, total, split);
             CHECK(rows[static_cast<std::size_t>(head)] == expected);
             const torch::Tensor index = torch::tensor(expected, torch::kInt64);
             for (int64_t member = 0; member < 2; ++member)
@@ -272,7 +298,7 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
         REQUIRE(sparse.stats().recall_count[0] == query_heads);
         CHECK(sparse.stats().recall_sum[0] == Approx(recall).epsilon(1e-5));
     }
-    SECTION("quest: the pages of the highest per-channel bounds") {
+    SECTION("quest: the pages of the highest per-channel bounds, interleaved, to the budget") {
         options.method = "quest";
         SparseAttention sparse(config, rope, options);
         REQUIRE(sparse.select(0, queries, cache_holding(first_keys), rows));
@@ -280,7 +306,7 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
         const torch::Tensor q = queries.reshape({query_heads, dim}).to(torch::kFloat64);
         const int64_t pages = (window_start + 15) / 16, first_page = split.sink / 16;
         for (int64_t head = 0; head < kv_heads; ++head) {
-            std::set<int64_t> chosen;
+            std::vector<std::vector<int64_t>> rankings;
             for (int64_t member = 0; member < 2; ++member) {
                 std::vector<std::pair<double, int64_t>> bounds;
                 for (int64_t p = first_page; p < pages; ++p) {
@@ -294,13 +320,14 @@ TEST_CASE("topk quest h2o and attention recall match float64 references over man
                     bounds.emplace_back(-bound, p);
                 }
                 std::sort(bounds.begin(), bounds.end());
+                rankings.emplace_back();
                 for (int64_t i = 0; i < split.retrieved / 16; ++i)
-                    for (int64_t r = bounds[static_cast<std::size_t>(i)].second * 16;
-                         r < std::min(window_start,
-                                      (bounds[static_cast<std::size_t>(i)].second + 1) * 16);
-                         ++r)
-                        chosen.insert(r);
+                    rankings.back().push_back(bounds[static_cast<std::size_t>(i)].second);
             }
+            std::set<int64_t> chosen;
+            for (int64_t page : first_distinct(rankings, split.retrieved / 16))
+                for (int64_t r = page * 16; r < std::min(window_start, (page + 1) * 16); ++r)
+                    chosen.insert(r);
             CHECK(rows[static_cast<std::size_t>(head)] == with_resident(chosen, total, split));
         }
     }
@@ -365,8 +392,7 @@ TEST_CASE("every method chooses from a cache on disk as from one in memory", "[s
     options.dense_layers = 0;
     options.measure_recall = true;
     std::vector<std::unique_ptr<SparseAttention>> from_memory, from_disk;
-    for (const char* method : {"streaming", "topk", "quest",
-                                "h2o", "icecache"}) {
+    for (const char* method : {"streaming", "topk", "quest", "h2o", "icecache"}) {
         options.method = method;
         from_memory.push_back(std::make_unique<SparseAttention>(config, rope, options));
         from_disk.push_back(std::make_unique<SparseAttention>(config, rope, options));
@@ -512,8 +538,9 @@ TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as
     CHECK(queued == std::vector<int64_t>{0, 1, 2, 3});
     SparseAttention after(config, model->rope(), options);
     after.prepare(cache);
-    // Every row outside the 16-token window, in 3 sparse layers, for each kv head.
-    CHECK(by_worker.stats().indexed_tokens == (700 - 16) * 3 * kv_heads);
+    // Every row between the 16-token sink and the 16-token window, in 3 sparse layers, for
+    // each kv head.
+    CHECK(by_worker.stats().indexed_tokens == (700 - 16 - 16) * 3 * kv_heads);
     CHECK(after.stats().indexed_tokens == by_worker.stats().indexed_tokens);
 
     torch::manual_seed(12);
@@ -524,5 +551,66 @@ TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as
         REQUIRE(after.select(layer, queries, cache, chosen_after));
         CHECK(chosen_by_worker == chosen_after);
         check_shape_of_choice(chosen_by_worker, 700, split_budget(64, 16));
+    }
+}
+
+TEST_CASE("no kv head attends to more rows than the budget, its query heads grouped or not",
+          "[sparse]") {
+    // The budget counts what a kv head attends to, the union over the query heads that share
+    // it included: every method, every step, every layer, with and without a choice reused by
+    // the next layer, for 4 query heads per kv head (GQA) and for 1 (MHA).
+    torch::NoGradGuard no_grad;
+    const int64_t total = 2000, steps = 3, layers = 2;
+    for (const int64_t group : {4, 1}) {
+        ModelConfig config = sparse_config(layers);
+        config.num_heads = kv_heads * group;
+        const Rope rope(config);
+        KvCache cache(layers, kv_heads, dim, torch::kFloat32, torch::kCPU, total + steps);
+        cache.append({clustered_keys(total, 51), clustered_keys(total, 52)},
+                     {torch::randn({kv_heads, total, dim}), torch::randn({kv_heads, total, dim})},
+                     torch::arange(total, torch::kInt64));
+        std::vector<std::unique_ptr<SparseAttention>> methods;
+        for (const SparseMethodInfo& method : sparse_methods()) {
+            if (method.name == "full") continue;
+            for (const int64_t budget : {64, 128})
+                for (const int64_t reuse : {1, 2}) {
+                    SparseOptions options;
+                    options.method = method.name;
+                    options.budget = budget;
+                    options.dense_layers = 0;
+                    options.reuse_layers = reuse;
+                    methods.push_back(std::make_unique<SparseAttention>(config, rope, options));
+                }
+        }
+        REQUIRE(methods.size() == 20);
+        torch::manual_seed(53);
+        for (int64_t step = 0; step < steps; ++step) {
+            cache.append({torch::randn({kv_heads, 1, dim}), torch::randn({kv_heads, 1, dim})},
+                         {torch::randn({kv_heads, 1, dim}), torch::randn({kv_heads, 1, dim})},
+                         torch::tensor(std::vector<int64_t>{total + step}));
+            for (int64_t layer = 0; layer < layers; ++layer) {
+                const torch::Tensor queries = torch::randn({kv_heads * group, 1, dim});
+                for (const auto& sparse : methods) {
+                    const SparseOptions& options = sparse->options();
+                    CAPTURE(group, step, layer, options.method, options.budget,
+                            options.reuse_layers);
+                    std::vector<std::vector<int64_t>> rows;
+                    REQUIRE(sparse->select(layer, queries, cache, rows));
+                    for (const auto& chosen : rows) {
+                        REQUIRE(std::is_sorted(chosen.begin(), chosen.end()));
+                        REQUIRE(std::adjacent_find(chosen.begin(), chosen.end()) == chosen.end());
+                        CHECK(static_cast<int64_t>(chosen.size()) <= options.budget);
+                    }
+                }
+            }
+        }
+        for (const auto& sparse : methods) {
+            CAPTURE(group, sparse->options().method, sparse->options().budget);
+            for (int64_t layer = 0; layer < layers; ++layer) {
+                const auto slot = static_cast<std::size_t>(layer);
+                CHECK(sparse->stats().layer_selections[slot] == steps * kv_heads);
+                CHECK(sparse->stats().layer_rows_max[slot] <= sparse->options().budget);
+            }
+        }
     }
 }

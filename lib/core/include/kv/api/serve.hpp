@@ -93,6 +93,14 @@ struct ServeStats {
     std::string recompute;                      ///< as ServeOptions::recompute
     std::vector<int64_t> recomputed_per_layer;  ///< cached tokens recomputed in each layer
     double attended_tokens = 0;                 ///< per kv head and sparse step, on average
+    /// Per layer that chose rows: its index, and the rows one kv head attended to at a step,
+    /// on average and at most (never more than the budget).
+    struct LayerRows {
+        int64_t layer = 0;
+        double mean = 0;
+        int64_t max = 0;
+    };
+    std::vector<LayerRows> attended_per_layer;
     int64_t index_dot_products = 0;
     int64_t indexed_tokens = 0;
     double index_seconds = 0;

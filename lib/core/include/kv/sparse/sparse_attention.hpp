@@ -30,6 +30,9 @@ struct SparseStats {
     std::vector<int64_t> recall_count;  ///< per layer: (step, query head) pairs measured
     int64_t selections = 0;             ///< (step, sparse layer, kv head) choices made
     int64_t selected_tokens = 0;        ///< their rows, summed
+    /// Per layer: the (step, kv head) choices it made, their rows summed, and the most rows one
+    /// kv head attended to at one step (never more than the budget).
+    std::vector<int64_t> layer_selections, layer_rows_sum, layer_rows_max;
     int64_t index_dot_products = 0;     ///< q.k computed by IceCache's index queries
     int64_t indexed_tokens = 0;         ///< rows inserted or built into indexes while decoding
     double index_seconds = 0;           ///< building and growing indexes
@@ -78,6 +81,8 @@ class SparseAttention final : public RowChooser {
     bool chooses(int64_t layer, int64_t rows) const {
         return policy_ && layer >= options_.dense_layers && rows > options_.budget;
     }
+    /// Rows a kv head may retrieve at a step of `rows` rows: the budget less what stays resident.
+    int64_t retrievable_rows(const Residency& resident, int64_t rows) const;
     /// The share of each query head's full softmax that `rows` hold, added to the stats.
     void measure_recall(int64_t layer, const torch::Tensor& queries, const KvCache& cache,
                         const std::vector<std::vector<int64_t>>& rows);
