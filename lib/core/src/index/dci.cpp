@@ -102,7 +102,8 @@ void DciIndex::reset() {
     parent_distance_.clear();
     token_page_.clear();
     level_points_.assign(1, {});
-    promoted_.assign(2, 0);
+    level_count_.clear();
+    next_target_ = 0;
     owner_.clear();
     owned_pages_.assign(1, {});  // the root's
     owned_pages_below_.assign(1, 0);
@@ -143,21 +144,34 @@ int32_t DciIndex::owner_index(int32_t point) const {
     return found != owner_of_point_.end() && found->first == point ? found->second : -1;
 }
 
-// Deterministic promotion: the next token rises a level while that level would otherwise hold
-// fewer than p times the points of the level below (systematic sampling in token order).
+// Deterministic promotion, M-DCI's rule (construct_new_tree with random = false, which its
+// one-point inserts continue): each token goes to the level the previous decision named; the
+// token that brings the top level to ceil(1/p) points sends the next one to open a new level,
+// and a token of a lower level sends the next one up a level once its level holds at least 1/p
+// times the points of the level above. Counts are exact per level and the arithmetic is
+// M-DCI's float arithmetic, so that the level sizes are the authors' (systematic sampling in
+// token order: about p of each level rises to the next).
 int DciIndex::next_level() {
-    int level = 0;
-    ++promoted_[0];
-    for (;;) {
-        const double share = level == 0 ? options_.promotion_first : options_.promotion_rest;
-        const auto above = static_cast<std::size_t>(level + 1);
-        if (static_cast<double>(promoted_[above] + 1) >
-            share * static_cast<double>(promoted_[above - 1]) + 1e-9)
-            return level;
-        ++level;
-        ++promoted_[above];
-        if (promoted_.size() <= above + 1) promoted_.push_back(0);
+    const int levels = static_cast<int>(level_count_.size());
+    const int target = next_target_;
+    const float p =
+        static_cast<float>(target > 0 ? options_.promotion_rest : options_.promotion_first);
+    if (target == levels) {
+        level_count_.push_back(0);
+        next_target_ = 0;
+    } else if (target == levels - 1) {
+        const auto promoted = static_cast<int64_t>(std::ceil(1.0f / p));
+        next_target_ =
+            level_count_[static_cast<std::size_t>(target)] + 1 == promoted ? target + 1 : 0;
+    } else {
+        next_target_ =
+            static_cast<float>(level_count_[static_cast<std::size_t>(target)] + 1) >=
+                    static_cast<float>(level_count_[static_cast<std::size_t>(target) + 1]) / p
+                ? target + 1
+                : 0;
     }
+    ++level_count_[static_cast<std::size_t>(target)];
+    return target;
 }
 
 void DciIndex::add_token(const float* key) {
@@ -261,13 +275,16 @@ void DciIndex::assign_parents(int level, int threads) {
             parent_[point] = -1, parent_distance_[point] = 0;
         return;
     }
-    const std::size_t above = level_points_[level + 1].size();
-    const bool exact = static_cast<int64_t>(above) <= options_.exact_parent_limit;
+    // The nearest point one level up: exactly while that level is small (M-DCI's brute force
+    // below its threshold of 3,000), else by a beam descent.
+    const bool exact =
+        static_cast<int64_t>(level_points_[level + 1].size()) <= options_.exact_parent_limit;
     pack_level(level + 1);
-    auto assign_exact = [&](std::size_t begin, std::size_t end, const std::vector<int32_t>& which) {
+    auto assign = [&](std::size_t begin, std::size_t end, const std::vector<int32_t>& which) {
         for (std::size_t i = begin; i < end; ++i) {
             const int32_t point = which[i];
-            parent_[point] = nearest_exact(point, level + 1);
+            parent_[point] =
+                exact ? nearest_exact(point, level + 1) : nearest_descending(point, level);
             parent_distance_[point] = static_cast<float>(lifted_distance(point, parent_[point]));
         }
     };
@@ -283,11 +300,13 @@ void DciIndex::assign_parents(int level, int threads) {
         for (std::thread& thread : pool)
             thread.join();
     };
-    if (exact) return in_parallel(points, assign_exact);
-
-    // The anchor shortcut: neighbouring tokens tend to share a cluster, so every n-th token
-    // (and the last) gets an exact parent, and the others try their nearby anchors' parents
-    // first, accepting one well inside its reach.
+    // The anchor shortcut (M-DCI, construct_new_tree), for the finest level of an index of more
+    // than `exact_parent_limit` tokens: neighbouring tokens tend to share a cluster, so every
+    // n-th token (and the last) is an anchor with its own parent, and the others take the
+    // nearest of their neighbouring anchors' parents when it lies within `anchor_threshold` of
+    // that parent's reach (its farthest child so far, which each accepted token extends).
+    if (level != 0 || static_cast<int64_t>(points.size()) <= options_.exact_parent_limit)
+        return in_parallel(points, assign);
     const auto interval = static_cast<std::size_t>(std::max<int64_t>(1, options_.anchor_interval));
     std::vector<int32_t> anchors;
     std::vector<std::size_t> anchor_at;  // index in points of each anchor
@@ -295,41 +314,44 @@ void DciIndex::assign_parents(int level, int threads) {
         anchors.push_back(points[i]), anchor_at.push_back(i);
     if (anchor_at.back() != points.size() - 1)
         anchors.push_back(points.back()), anchor_at.push_back(points.size() - 1);
-    in_parallel(anchors, assign_exact);
+    in_parallel(anchors, assign);
     std::vector<double> reach(level_.size(), 0.0);
     for (int32_t anchor : anchors)
         reach[parent_[anchor]] = std::max<double>(reach[parent_[anchor]], parent_distance_[anchor]);
 
+    // One pass in token order: M-DCI runs it on many threads, each acceptance widening a reach
+    // the others read, so that its parents depend on the schedule; in order they do not.
     const auto neighbours =
         static_cast<std::size_t>(std::max<int64_t>(1, options_.anchor_neighbours));
-    in_parallel(points, [&](std::size_t begin, std::size_t end, const std::vector<int32_t>&) {
-        std::vector<int32_t> candidates;
-        for (std::size_t i = begin; i < end; ++i) {
-            const int32_t point = points[i];
-            const std::size_t slot = static_cast<std::size_t>(
-                std::upper_bound(anchor_at.begin(), anchor_at.end(), i) - anchor_at.begin());
-            if (slot > 0 && anchor_at[slot - 1] == i) continue;  // an anchor itself
-            candidates.clear();
-            const std::size_t first = slot > neighbours ? slot - neighbours : 0;
-            const std::size_t last = std::min(anchors.size(), slot + neighbours);
-            for (std::size_t a = first; a < last; ++a)
-                candidates.push_back(parent_[anchors[a]]);
-            std::sort(candidates.begin(), candidates.end());
-            candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
-            int32_t best = -1;
-            double best_distance = std::numeric_limits<double>::infinity();
-            for (int32_t candidate : candidates) {
-                const double distance = lifted_distance(point, candidate);
-                if (distance < best_distance) best_distance = distance, best = candidate;
-            }
-            if (best < 0 || reach[best] * options_.anchor_threshold < best_distance) {
-                best = nearest_descending(point, level);
-                best_distance = lifted_distance(point, best);
-            }
-            parent_[point] = best;
-            parent_distance_[point] = static_cast<float>(best_distance);
+    std::vector<int32_t> candidates, rejected;
+    for (std::size_t i = 0; i < points.size(); ++i) {
+        const int32_t point = points[i];
+        const std::size_t slot = static_cast<std::size_t>(
+            std::upper_bound(anchor_at.begin(), anchor_at.end(), i) - anchor_at.begin());
+        if (slot > 0 && anchor_at[slot - 1] == i) continue;  // an anchor itself
+        candidates.clear();
+        const std::size_t first = slot > neighbours ? slot - neighbours : 0;
+        const std::size_t last = std::min(anchors.size(), slot + neighbours);
+        for (std::size_t a = first; a < last; ++a)
+            candidates.push_back(parent_[anchors[a]]);
+        std::sort(candidates.begin(), candidates.end());
+        candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+        int32_t best = -1;
+        double best_distance = std::numeric_limits<double>::infinity();
+        for (int32_t candidate : candidates) {
+            const double distance = lifted_distance(point, candidate);
+            if (distance < best_distance) best_distance = distance, best = candidate;
         }
-    });
+        if (best < 0 || reach[best] * options_.anchor_threshold < best_distance) {
+            rejected.push_back(point);
+            continue;
+        }
+        parent_[point] = best;
+        parent_distance_[point] = static_cast<float>(best_distance);
+        reach[best] = std::max(reach[best], best_distance);
+    }
+    // The tokens no neighbouring anchor's parent took search as the anchors did.
+    in_parallel(rejected, assign);
 }
 
 int32_t DciIndex::new_page(int32_t parent) {
@@ -448,18 +470,68 @@ void DciIndex::place(int64_t token, int32_t parent) {
     }
 }
 
+void DciIndex::free_page_slot(int32_t page) {
+    std::vector<int32_t>& list = pages_of(pages_[page].parent);
+    list.erase(std::find(list.begin(), list.end(), page));
+    pages_[page].parent = free_page;
+    pages_[page].tokens.clear();
+    free_pages_.push_back(page);
+}
+
+void DciIndex::shift_tokens(int32_t from, int32_t to, std::size_t count) {
+    std::vector<int32_t>& source = pages_[from].tokens;
+    std::vector<int32_t>& target = pages_[to].tokens;
+    const std::vector<int32_t>& list = pages_of(pages_[from].parent);
+    const bool forward =
+        std::find(list.begin(), list.end(), from) < std::find(list.begin(), list.end(), to);
+    // Pages follow projection order: the source's last tokens lead the next page, its first
+    // tokens end the page before.
+    const auto moved_begin =
+        forward ? source.end() - static_cast<std::ptrdiff_t>(count) : source.begin();
+    const std::vector<int32_t> moved(moved_begin, moved_begin + static_cast<std::ptrdiff_t>(count));
+    source.erase(moved_begin, moved_begin + static_cast<std::ptrdiff_t>(count));
+    target.insert(forward ? target.begin() : target.end(), moved.begin(), moved.end());
+    for (int32_t token : moved)
+        token_page_[token] = to;
+    dirty_[from] = dirty_[to] = 1;
+}
+
+// As a leaf of M-DCI's B+-tree: a page left with fewer than half its slots borrows from a
+// neighbour that has more than half (the fuller one), or merges with a neighbour, so that a
+// retrieved page holds the tokens the budget counts on. A parent's only page may hold fewer.
 void DciIndex::remove(int64_t token) {
     const int32_t page = token_page_[token];
     std::vector<int32_t>& tokens = pages_[page].tokens;
     tokens.erase(std::find(tokens.begin(), tokens.end(), static_cast<int32_t>(token)));
     token_page_[token] = -1;
     dirty_[page] = 1;
-    if (tokens.empty()) {
-        std::vector<int32_t>& list = pages_of(pages_[page].parent);
-        list.erase(std::find(list.begin(), list.end(), page));
-        pages_[page].parent = free_page;
-        free_pages_.push_back(page);
+    const std::vector<int32_t>& list = pages_of(pages_[page].parent);
+    const auto minimum = static_cast<std::size_t>(options_.page_size / 2);
+    if (pages_[page].tokens.size() >= minimum) return;
+    if (list.size() == 1) {
+        if (pages_[page].tokens.empty()) free_page_slot(page);
+        return;
     }
+    const auto slot =
+        static_cast<std::size_t>(std::find(list.begin(), list.end(), page) - list.begin());
+    const int32_t left = slot > 0 ? list[slot - 1] : -1;
+    const int32_t right = slot + 1 < list.size() ? list[slot + 1] : -1;
+    auto size_of = [&](int32_t other) { return pages_[other].tokens.size(); };
+    auto few = [&](int32_t other) { return other < 0 || size_of(other) <= minimum; };
+    if (few(left) && few(right)) {
+        // Merged into the page before, else the page after into this one.
+        const int32_t kept = left >= 0 ? left : page, gone = left >= 0 ? page : right;
+        shift_tokens(gone, kept, size_of(gone));
+        free_page_slot(gone);
+        return;
+    }
+    // Borrowed from the neighbour with tokens to spare (the fuller when both have), half the
+    // difference.
+    const int32_t donor = few(left)                         ? right
+                          : few(right)                      ? left
+                          : size_of(left) <= size_of(right) ? right
+                                                            : left;
+    shift_tokens(donor, page, (size_of(donor) - size_of(page)) / 2);
 }
 
 void DciIndex::reproject_and_rebuild() {
@@ -654,7 +726,12 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
         top = std::max<int>(top, level);
     }
     level_points_.assign(static_cast<std::size_t>(top) + 1, {});
-    promoted_.assign(static_cast<std::size_t>(top) + 2, 0);
+    // The promotion rule's next target depends on the number of tokens alone: replayed. Its
+    // counts are the layout's (an index built by an older rule keeps its own levels).
+    for (int64_t token = 0; token < count; ++token)
+        next_level();
+    level_count_.assign(static_cast<std::size_t>(top) + 1, 0);
+    next_target_ = std::min(next_target_, top + 1);
     // The keys are read once, in chunks: the norm bound is the layout's, so projections need
     // no second pass.
     max_squared_norm_ = layout.max_squared_norm;
@@ -677,8 +754,7 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
             const int level = layout.levels[token];
             level_.push_back(static_cast<int8_t>(level));
             level_points_[static_cast<std::size_t>(level)].push_back(static_cast<int32_t>(token));
-            for (int up = 0; up <= level; ++up)
-                ++promoted_[static_cast<std::size_t>(up)];
+            ++level_count_[static_cast<std::size_t>(level)];
         }
     }
     for (int level = 0; level < top; ++level)

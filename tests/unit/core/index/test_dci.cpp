@@ -144,32 +144,47 @@ TEST_CASE("the lifted distance is half the squared distance of the lifted keys",
     }
 }
 
-TEST_CASE("promotion is deterministic and follows the two ratios", "[dci]") {
+TEST_CASE("promotion counts levels as M-DCI does", "[dci]") {
+    // The authors' level sizes (M-DCI construct_new_tree with p0 = 0.01, p1 = 0.2, counted by
+    // its own C code): 10,000 tokens give 9,875 / 99 / 20 / 5 / 1, 36,000 give 35,553 / 356 /
+    // 72 / 15 / 4. The rule does not look at the keys.
+    for (const auto& [count, sizes] :
+         {std::pair<int64_t, std::vector<int64_t>>{10000, {9875, 99, 20, 5, 1}},
+          {36000, {35553, 356, 72, 15, 4}}}) {
+        CAPTURE(count);
+        const std::vector<float> keys = clustered_keys(count, 20, 3);
+        DciIndex index(dim, random_direction(4));
+        index.build(keys.data(), count);
+        std::vector<int64_t> got;
+        for (int level = 0; level < index.levels(); ++level)
+            got.push_back(static_cast<int64_t>(index.level_points(level).size()));
+        CHECK(got == sizes);
+        // Systematic in token order: the 100th token sends the next one up, one level per token.
+        CHECK(index.level(99) == 0);
+        CHECK(index.level(100) == 1);
+        CHECK(index.level(101) == 0);
+    }
+    // Tokens added one by one continue the same rule: 10,000 built from 4,000 and 6,000
+    // inserted have the levels of 10,000 built at once.
     const std::vector<float> keys = clustered_keys(10000, 20, 3);
-    DciIndex index(dim, random_direction(4));
-    index.build(keys.data(), 10000);
-    REQUIRE(index.levels() >= 4);
-    std::vector<int64_t> at_or_above(static_cast<std::size_t>(index.levels()), 0);
-    for (int level = 0; level < index.levels(); ++level)
-        for (int up = 0; up <= level; ++up)
-            at_or_above[static_cast<std::size_t>(up)] +=
-                static_cast<int64_t>(index.level_points(level).size());
-    CHECK(at_or_above[1] == 100);  // every 100th token
-    CHECK(at_or_above[2] == 20);
-    CHECK(at_or_above[3] == 4);
-    // Systematic in token order: level-1 points are every 100th token.
-    CHECK(index.level(99) >= 1);
-    CHECK(index.level(98) == 0);
+    DciIndex grown(dim, random_direction(4));
+    grown.build(keys.data(), 4000);
+    grown.insert(keys.data() + 4000 * dim, 6000);
+    std::vector<int64_t> sizes;
+    for (int level = 0; level < grown.levels(); ++level)
+        sizes.push_back(static_cast<int64_t>(grown.level_points(level).size()));
+    CHECK(sizes == std::vector<int64_t>{9875, 99, 20, 5, 1});
 }
 
 TEST_CASE("a built index is a valid tree with exact parents", "[dci]") {
-    for (int64_t count : {1, 40, 1000, 5000}) {
+    // Up to 3,000 tokens every parent is the true nearest (float64); beyond, the finest level
+    // takes the anchor shortcut (next test).
+    for (int64_t count : {1, 40, 1000, 3000}) {
         CAPTURE(count);
         const std::vector<float> keys = clustered_keys(count, 12, 5);
         DciIndex index(dim, random_direction(6));
         index.build(keys.data(), count, 2);
         check_structure(index, 16);
-        // The level above is small here: every parent is the true nearest (float64).
         for (int64_t token = 0; token < count; ++token) {
             const int32_t parent = index.parent(token);
             if (parent < 0) continue;
@@ -182,22 +197,25 @@ TEST_CASE("a built index is a valid tree with exact parents", "[dci]") {
 }
 
 TEST_CASE("the anchor shortcut gives valid, mostly exact parents", "[dci]") {
+    // More than 3,000 tokens: the finest level's anchors (every 120th token and the last) get
+    // exact parents, the others their neighbouring anchors' parents when near enough.
     const int64_t count = 20000;
     const std::vector<float> keys = clustered_keys(count, 40, 7);
-    DciOptions options;
-    options.exact_parent_limit = 20;  // force the shortcut below the 200 level-1 points
-    options.anchor_interval = 40;
-    DciIndex index(dim, random_direction(8), options);
+    DciIndex index(dim, random_direction(8));
     index.build(keys.data(), count, 2);
     check_structure(index, 16);
     int64_t exact = 0, total = 0;
-    for (int32_t token : index.level_points(0)) {
+    for (std::size_t i = 0; i < index.level_points(0).size(); ++i) {
+        const int32_t token = index.level_points(0)[i];
         double best = std::numeric_limits<double>::infinity();
         for (int32_t other : index.level_points(1))
             best = std::min(best, index.lifted_distance(token, other));
-        exact += index.lifted_distance(token, index.parent(token)) <= best + 1e-4;
+        const bool is_exact = index.lifted_distance(token, index.parent(token)) <= best + 1e-4;
+        if (i % 120 == 0 || i + 1 == index.level_points(0).size()) REQUIRE(is_exact);
+        exact += is_exact;
         ++total;
     }
+    CHECK(exact < total);  // the shortcut was taken
     CHECK(static_cast<double>(exact) / static_cast<double>(total) > 0.6);
 }
 
@@ -274,6 +292,28 @@ TEST_CASE("inserted tokens keep the index valid, split pages and mark them dirty
         CHECK(index.max_squared_norm() >= dot64(big.data(), big.data()));
         CHECK(static_cast<int64_t>(index.take_dirty_pages().size()) >= index.live_pages());
     }
+}
+
+TEST_CASE("pages stay at least half full as tokens join and are re-parented", "[dci]") {
+    // As M-DCI's B+-tree leaves: a page that re-parenting leaves below half full borrows from
+    // a neighbour or merges with one; only a parent's single page may hold fewer. Grown one
+    // token at a time from 16, as a decoding index is, where without merging a third of the
+    // pages ended below 8 tokens.
+    const int64_t count = 4016;
+    const std::vector<float> keys = clustered_keys(count, 12, 31);
+    DciIndex index(dim, random_direction(32));
+    index.build(keys.data(), 16);
+    for (int64_t token = 16; token < count; ++token)
+        index.insert(keys.data() + token * dim, 1);
+    check_structure(index, 16);
+    int64_t pages = 0;
+    for (int32_t page = 0; page < index.page_capacity(); ++page) {
+        if (index.page_parent(page) == -2) continue;
+        ++pages;
+        if (index.child_pages(index.page_parent(page)).size() > 1)
+            CHECK(index.page_tokens(page).size() >= 8);
+    }
+    CHECK(pages > count / 16);
 }
 
 TEST_CASE("a query wanting more pages than exist widens instead of failing", "[dci]") {

@@ -3,14 +3,18 @@
 //
 // Keys are lifted so that inner product becomes Euclidean distance, T(k) = [k, sqrt(M - |k|^2)]
 // with M the largest squared norm; one random direction u in R^{d+1} projects them. About p0 of
-// the tokens (every 1/p0-th, deterministically) are promoted to level 1, p1 of each level to the
-// next; every point hangs under its nearest point one level up (exactly, or through the anchor
-// shortcut when that level is large); the children of one parent, in projection order, are cut
-// into pages. A query walks down from the top level, keeping at each level the best points whose
-// subtrees cover the pages it wants (never fewer than the field of view), scores most children
-// of each (those nearest in projection), and ranks pages by the best token it saw in each.
-// New tokens join incrementally: pages split when full and are reported dirty.
-// ../shared/research/icecache.md describes the authors' M-DCI, which this follows.
+// the tokens (every 1/p0-th, deterministically, counted level by level as M-DCI counts them:
+// 9,875 / 99 / 20 / 5 / 1 points at 10,000 tokens) are promoted to level 1, p1 of each level to
+// the next; every point hangs under its nearest point one level up: exactly, or, for the level-0
+// tokens of an index of more than 3,000, through the authors' anchor shortcut (every n-th token
+// exact, the others trying their neighbouring anchors' parents first). The children of one
+// parent, in projection order, are cut into pages. A query walks down from the top level,
+// keeping at each level the best points whose subtrees cover the pages it wants (never fewer
+// than the field of view), scores most children of each (those nearest in projection), and
+// ranks pages by the best token it saw in each. New tokens join incrementally: pages split in
+// halves when full and, as in M-DCI's B+-tree, a page left below half full by a re-parenting
+// borrows from a neighbour or merges with it; changed pages are reported dirty. The design
+// follows the authors' M-DCI (github.com/yuzhenmao/M-DCI, construct_new_tree and btree_p.c).
 #pragma once
 
 #include "kv/packet.hpp"
@@ -156,6 +160,11 @@ class DciIndex {
     void lay_out_pages(int32_t parent, std::vector<int32_t> children);
     void place(int64_t token, int32_t parent);
     void remove(int64_t token);
+    /// Moves `count` tokens between neighbouring pages `from` and `to` of one parent: the end
+    /// of `from` to the front of `to` when `from` comes first, else the front to the end.
+    void shift_tokens(int32_t from, int32_t to, std::size_t count);
+    /// Frees an empty page and drops it from its parent's list.
+    void free_page_slot(int32_t page);
     int32_t new_page(int32_t parent);
     void count_pages_below();
     void reproject_and_rebuild();
@@ -186,7 +195,10 @@ class DciIndex {
     std::vector<float> parent_distance_;
     std::vector<int32_t> token_page_;
     std::vector<std::vector<int32_t>> level_points_;  // tokens of each level, in token order
-    std::vector<int64_t> promoted_;  // points at each level or above, for the promotion rule
+    // The promotion rule's state (M-DCI's num_points_on_level and next_target_level): points
+    // on each level, and the level the next token goes to.
+    std::vector<int64_t> level_count_;
+    int next_target_ = 0;
     // Pages are owned by the root and by the few points that have children (levels >= 1,
     // about 1.25% of the tokens): a table per owner, so that a level-0 token costs 4 bytes here.
     std::vector<int32_t> owner_;                    // per token: its row below, -1 if it owns none
