@@ -17,6 +17,9 @@
 //    with -q, nor when --json prints the report instead;
 //  - details: more lines with -v only (kvinspect compress: one per packet).
 // -q and -v exclude each other. A --json report is output asked for, not chatter: -q keeps it.
+// Commands take only what changes something: kvinspect check, export and merge say nothing but
+// errors and warnings unless asked, so they take -v alone (add_verbose_option); show, diff and
+// plot print their results on stdout and take neither (diff -q is its own, cmp -s's quiet).
 #pragma once
 
 #include <CLI/CLI.hpp>
