@@ -166,10 +166,12 @@ def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libv
             f.attrs["dtype"] = "f32"
 
 
-def add_index(f, ordinal=0, method="mdci", page_sizes=None):
+def add_index(f, ordinal=0, method="mdci", page_sizes=None, layers=None, declare=True):
     """An IceCache index (formats/kvcache.md, 6.5) for a small packet: one segment, one level
-    (fewer than 100 tokens), the tokens in pages of 16 in projection order."""
+    (fewer than 100 tokens), the tokens in pages of 16 in projection order; over `layers` only
+    (since 1.5, feature index-layers, listed unless `declare` is false) when given."""
     group = f["packets/%08d" % ordinal]
+    covered = list(range(LAYERS)) if layers is None else list(layers)
     count = int(group.attrs["stored_length"])
     keys = group["keys"][...].astype("<f4")
     index = create_group(group, "index")
@@ -181,21 +183,26 @@ def add_index(f, ordinal=0, method="mdci", page_sizes=None):
     direction /= np.linalg.norm(direction)
     index.create_dataset("projection", data=direction)
     index.create_dataset("segments", data=np.array([[0, count, 0]], dtype="<i8"))
+    rows = len(covered)
+    if layers is not None:
+        index.create_dataset("layers", data=np.array(covered, dtype="<i8"))
+        if declare:
+            f.attrs.create("required_features", ["index-layers"], dtype=h5py.string_dtype())
     norm = 2.0 * float((keys.astype(np.float64) ** 2).sum(-1).max()) + 1.0
-    index.create_dataset("max_squared_norm", data=np.full((LAYERS, HEADS, 1), norm))
-    index.create_dataset("levels", data=np.zeros((LAYERS, HEADS, count), dtype="<i1"))
-    index.create_dataset("parents", data=np.full((LAYERS, HEADS, count), -1, dtype="<i4"))
+    index.create_dataset("max_squared_norm", data=np.full((rows, HEADS, 1), norm))
+    index.create_dataset("levels", data=np.zeros((rows, HEADS, count), dtype="<i1"))
+    index.create_dataset("parents", data=np.full((rows, HEADS, count), -1, dtype="<i4"))
     sizes = page_sizes or [min(16, count - start) for start in range(0, count, 16)]
-    index.create_dataset("page_counts", data=np.full((LAYERS, HEADS, 1), len(sizes), dtype="<i4"))
+    index.create_dataset("page_counts", data=np.full((rows, HEADS, 1), len(sizes), dtype="<i4"))
     index.create_dataset("page_sizes",
-                         data=np.tile(np.array(sizes, dtype="<i4"), (LAYERS, HEADS, 1)))
-    tokens = np.zeros((LAYERS, HEADS, count), dtype="<i4")
-    for layer in range(LAYERS):
+                         data=np.tile(np.array(sizes, dtype="<i4"), (rows, HEADS, 1)))
+    tokens = np.zeros((rows, HEADS, count), dtype="<i4")
+    for row, layer in enumerate(covered):
         for head in range(HEADS):
             k = keys[layer, head].astype(np.float64)
             tail = np.sqrt(np.maximum(0.0, norm - (k ** 2).sum(-1)))
             projection = k @ direction[:DIM] + tail * direction[DIM]
-            tokens[layer, head] = np.argsort(projection, kind="stable")
+            tokens[row, head] = np.argsort(projection, kind="stable")
     index.create_dataset("page_tokens", data=tokens)
 
 
@@ -386,6 +393,12 @@ def main():
          "fingerprint follows section 6.7's recipe",
          [], root={"format_version": "1.4"}, hook=lambda f: add_adapter(f))
 
+    good("0015_index_layers",
+         "format_version 1.5 with feature index-layers: an IceCache index over layer 1 only "
+         "(kvindex --dense-layers 1), 18 tokens in two pages",
+         [packet("indexed", 18, 11)], root={"format_version": "1.5"},
+         hook=lambda f: add_index(f, 0, layers=[1]))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -402,7 +415,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.4)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.5)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
@@ -533,6 +546,17 @@ def main():
            # "?" stands for the brackets, which a bash glob would read as a class.
            "*: '/adapter/header' has shape ?2, 6?, expected ?3, 6?",
            packets=[], root={"format_version": "1.4"}, hook=wrong_shape)
+
+    broken("0029_index_layers_without_feature",
+           "an index over layer 1 only in a file that does not list 'index-layers'",
+           "*: packet 'indexed': has an index over some layers only but the file does not "
+           "list the feature 'index-layers'",
+           packets=[packet("indexed", 18, 11)], root={"format_version": "1.5"},
+           hook=lambda f: add_index(f, 0, layers=[1], declare=False))
+    broken("0030_index_layers_decreasing", "an index whose layers are [1, 0]",
+           "*: packet 'indexed': index: its layers do not increase",
+           packets=[packet("indexed", 18, 11)], root={"format_version": "1.5"},
+           hook=lambda f: add_index(f, 0, layers=[1, 0]))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

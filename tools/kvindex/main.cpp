@@ -23,11 +23,22 @@ int main(int argc, char** argv) {
             ->default_val(0.2);
         app.add_option("--exact-parent-limit", options.exact_parent_limit,
                        "Search parents exactly while the level above has at most this many points "
-                       "(else the anchor shortcut)")
+                       "(else by a beam descent); the tokens of a packet of more take the anchor "
+                       "shortcut")
             ->default_val(3000);
         app.add_option("--anchor-interval", options.anchor_interval,
                        "Every n-th token gets an exact parent in the anchor shortcut")
             ->default_val(120);
+        app.add_option("--dense-layers", options.dense_layers,
+                       "The first layers get no index: decoding reads them densely "
+                       "(kvserve-once --dense-layers)")
+            ->default_val(2)
+            ->check(CLI::NonNegativeNumber);
+        app.add_option("--reuse-layers", options.reuse_layers,
+                       "Runs of sparse layers sharing one choice of pages: only the first of each "
+                       "gets an index (kvserve-once --reuse-layers)")
+            ->default_val(1)
+            ->check(CLI::PositiveNumber);
         app.add_option("--seed", options.seed, "Seed of the projection direction")->default_val(1);
         app.add_flag("--keep-existing", options.keep_existing,
                      "Keep the index of packets that already have one");

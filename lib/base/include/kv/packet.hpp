@@ -44,8 +44,11 @@ struct PacketIndex {
     double promotion_rest = 0.2;
     std::vector<float> projection;  ///< [head_dim + 1], unit length
     std::vector<IndexSegment> segments;
-    /// [layer][kv-head][segment], flattened: (layer * kv_heads + head) * segments + segment.
-    /// Empty when the layouts were left in the file (read_layout reads them one at a time).
+    /// The layers it covers, increasing; empty: every layer (formats/kvcache.md 6.5, `layers`).
+    std::vector<int64_t> layers;
+    /// [covered layer][kv-head][segment], flattened: (row * kv_heads + head) * segments +
+    /// segment, row the layer's place among the covered ones. Empty when the layouts were left
+    /// in the file (read_layout reads them one at a time).
     std::vector<DciLayout> layouts;
     /// Reads the layout of (layer, kv-head, segment) from the file the index came from
     /// (CacheReader::read_index_layout); set instead of `layouts` where a packet's index is
@@ -53,18 +56,32 @@ struct PacketIndex {
     std::function<DciLayout(int64_t layer, int64_t head, int64_t segment)> read_layout;
 
     bool empty() const { return segments.empty(); }
-    /// The layout, moved out of `layouts` (each is restored once) or read by read_layout.
+    /// Whether layer `layer` has a layout.
+    bool covers(int64_t layer) const { return row_of(layer) >= 0; }
+    /// The layer's place among the covered layers, -1 when not covered.
+    int64_t row_of(int64_t layer) const {
+        if (layers.empty()) return layer;
+        for (std::size_t row = 0; row < layers.size(); ++row)
+            if (layers[row] == layer) return static_cast<int64_t>(row);
+        return -1;
+    }
+    /// The layout of a covered layer, moved out of `layouts` (each is restored once) or read by
+    /// read_layout.
     DciLayout take_layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) {
         if (layouts.empty() && read_layout) return read_layout(layer, head, segment);
         return std::exchange(layout(layer, head, kv_heads, segment), DciLayout{});
     }
     const DciLayout& layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) const {
-        return layouts[static_cast<std::size_t>(
-            (layer * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment)];
+        return layouts[slot(layer, head, kv_heads, segment)];
     }
     DciLayout& layout(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) {
-        return layouts[static_cast<std::size_t>(
-            (layer * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment)];
+        return layouts[slot(layer, head, kv_heads, segment)];
+    }
+
+  private:
+    std::size_t slot(int64_t layer, int64_t head, int64_t kv_heads, int64_t segment) const {
+        return static_cast<std::size_t>(
+            (row_of(layer) * kv_heads + head) * static_cast<int64_t>(segments.size()) + segment);
     }
 };
 

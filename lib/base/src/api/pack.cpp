@@ -32,17 +32,18 @@ namespace {
 
 // The parts' indexes side by side: each segment keeps its tree and pages, shifted to its place in
 // the context and told the rotation its keys received (formats/kvcache.md, 6.5). Only when every
-// part has an index built alike; otherwise the context has none.
+// part has an index built alike (over the same layers); otherwise the context has none.
 PacketIndex pack_indexes(const std::vector<Packet>& packets, const CacheModelInfo& model) {
     const PacketIndex& first = packets.front().index;
     for (const Packet& packet : packets) {
         const PacketIndex& index = packet.index;
         if (index.empty() || packet.padded() || index.projection != first.projection ||
             index.page_size != first.page_size || index.promotion_first != first.promotion_first ||
-            index.promotion_rest != first.promotion_rest)
+            index.promotion_rest != first.promotion_rest || index.layers != first.layers)
             return {};
     }
     PacketIndex out;
+    out.layers = first.layers;
     out.page_size = first.page_size;
     out.promotion_first = first.promotion_first;
     out.promotion_rest = first.promotion_rest;
@@ -55,7 +56,10 @@ PacketIndex pack_indexes(const std::vector<Packet>& packets, const CacheModelInf
         offset += packet.logical_length;
         stored_offset += packet.stored_length();
     }
-    const int64_t planes = model.num_layers * model.num_kv_heads;
+    // Planes of the covered layers (every layer when `layers` is empty).
+    const int64_t planes =
+        (first.layers.empty() ? model.num_layers : static_cast<int64_t>(first.layers.size())) *
+        model.num_kv_heads;
     for (int64_t plane = 0; plane < planes; ++plane)
         for (const Packet& packet : packets) {
             const auto segments = static_cast<int64_t>(packet.index.segments.size());

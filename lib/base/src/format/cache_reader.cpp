@@ -43,7 +43,8 @@ struct CacheReader::State {
     RawSource raw;                 // the file's bytes, for checks HDF5 does not make
     bool raw_checks = false;       // heap ids can be checked (no user block before the superblock)
     bool ragged_declared = false;  // required_features lists ragged-heads
-    bool quantized_declared = false;  // and quantized-kv
+    bool quantized_declared = false;     // and quantized-kv
+    bool index_layers_declared = false;  // and index-layers
     Handle file;
     Handle f16_type;
 
@@ -117,6 +118,7 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
         if (!known_features.count(feature)) unknown.push_back(kv::quoted(feature));
         if (feature == ragged_feature) s.ragged_declared = true;
         if (feature == quantized_feature) s.quantized_declared = true;
+        if (feature == index_layers_feature) s.index_layers_declared = true;
     }
     if (!unknown.empty()) {
         std::string list;
@@ -299,7 +301,14 @@ DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, i
         in, group.get(), m, info.stored_length,
         {LayoutChoice::Which::one, static_cast<std::size_t>(layer * m.num_kv_heads + head),
          static_cast<std::size_t>(segment)});
-    if (index.layouts.size() != 1) in.fail("has no index");
+    if (index.empty()) in.fail("has no index");
+    if (index.layouts.size() != 1)
+        in.fail("has no index of layer " + std::to_string(layer) + " (it covers layers " + [&] {
+            std::string list;
+            for (int64_t covered : index.layers)
+                list += (list.empty() ? "" : ", ") + std::to_string(covered);
+            return list;
+        }() + ")");
     return std::move(index.layouts.front());
 }
 
@@ -488,6 +497,9 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                    {with_layouts ? LayoutChoice::Which::all : LayoutChoice::Which::none});
     if (packet.padded() && !packet.index.empty())
         in.fail("has an index over heads of unequal lengths, which is not defined");
+    if (!packet.index.layers.empty() && !s.index_layers_declared)
+        in.fail("has an index over some layers only but the file does not list the feature " +
+                kv::quoted(index_layers_feature));
     return packet;
 }
 

@@ -116,6 +116,7 @@ struct CacheWriter::State {
     bool has_index = false;
     bool has_ragged = false;
     bool has_quantized = false;
+    bool has_index_layers = false;  // an index covers only some layers
     std::optional<Adapter> adapter;
 
     void discard() {  // with the HDF5 lock held
@@ -348,6 +349,7 @@ void CacheWriter::add(const Packet& packet) {
     if (!packet.index.empty()) {
         write_index(out, group.get(), packet.index, m, stored, s.options);
         s.has_index = true;
+        s.has_index_layers = s.has_index_layers || !packet.index.layers.empty();
     }
     s.broken = false;
 
@@ -400,11 +402,12 @@ void CacheWriter::finish() {
         index.reset();
 
         if (s.adapter) write_adapter(out, s.file.get(), *s.adapter, s.options);
-        const int minor = s.adapter         ? adapter_minor
-                          : s.has_quantized ? quantized_minor
-                          : s.has_ragged    ? ragged_minor
-                          : s.has_index     ? index_minor
-                                            : 0;
+        const int minor = s.has_index_layers ? index_layers_minor
+                          : s.adapter        ? adapter_minor
+                          : s.has_quantized  ? quantized_minor
+                          : s.has_ragged     ? ragged_minor
+                          : s.has_index      ? index_minor
+                                             : 0;
         if (minor > 0) {
             if (H5Adelete(s.file.get(), "format_version") < 0)
                 out.fail_hdf5("cannot update the format version");
@@ -414,6 +417,7 @@ void CacheWriter::finish() {
         std::vector<std::string> features;
         if (s.has_ragged) features.push_back(ragged_feature);
         if (s.has_quantized) features.push_back(quantized_feature);
+        if (s.has_index_layers) features.push_back(index_layers_feature);
         if (!features.empty()) out.write_string_list(s.file.get(), "required_features", features);
         // Last, so that a file that has it is whole (readers refuse one without it).
         out.write_integer(s.file.get(), "complete", 1);

@@ -6,6 +6,16 @@
 
 namespace kv::format {
 
+std::string index_layers_problem(const std::vector<int64_t>& layers, int64_t num_layers) {
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        if (layers[i] < 0 || layers[i] >= num_layers)
+            return "layer " + std::to_string(layers[i]) + " is outside [0, " +
+                   std::to_string(num_layers) + ")";
+        if (i > 0 && layers[i] <= layers[i - 1]) return "its layers do not increase";
+    }
+    return "";
+}
+
 void check_index(const PacketIndex& index, const CacheModelInfo& m, int64_t stored,
                  const std::string& what) {
     auto fail = [&](const std::string& problem) {
@@ -20,9 +30,13 @@ void check_index(const PacketIndex& index, const CacheModelInfo& m, int64_t stor
         next += segment.count;
     }
     if (next != stored) fail("segments must tile the tokens");
+    const std::string problem = index_layers_problem(index.layers, m.num_layers);
+    if (!problem.empty()) fail(problem);
+    const int64_t rows =
+        index.layers.empty() ? m.num_layers : static_cast<int64_t>(index.layers.size());
     if (static_cast<int64_t>(index.layouts.size()) !=
-        m.num_layers * m.num_kv_heads * static_cast<int64_t>(index.segments.size()))
-        fail("one layout per layer, kv-head and segment is needed");
+        rows * m.num_kv_heads * static_cast<int64_t>(index.segments.size()))
+        fail("one layout per covered layer, kv-head and segment is needed");
     for (std::size_t i = 0; i < index.layouts.size(); ++i) {
         const DciLayout& layout = index.layouts[i];
         const auto count =
@@ -44,10 +58,15 @@ void write_index(const FileWriter& out, hid_t packet_group, const PacketIndex& i
     out.write_integer(g, "page_size", index.page_size);
     out.write_double(g, "promotion_first", index.promotion_first);
     out.write_double(g, "promotion_rest", index.promotion_rest);
-    const auto layers = static_cast<hsize_t>(m.num_layers),
+    // The covered layers' rows only (all of them when `layers` is empty).
+    const auto layers = static_cast<hsize_t>(
+                   index.layers.empty() ? m.num_layers : static_cast<int64_t>(index.layers.size())),
                heads = static_cast<hsize_t>(m.num_kv_heads);
     const auto segments = static_cast<hsize_t>(index.segments.size());
     const auto tokens = static_cast<hsize_t>(stored);
+    if (!index.layers.empty())
+        out.write_dataset(g, "layers", H5T_STD_I64LE, H5T_NATIVE_INT64, {layers}, {}, options,
+                          false, index.layers.data());
     out.write_dataset(g, "projection", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, {index.projection.size()},
                       {}, options, false, index.projection.data());
     std::vector<int64_t> segment_table;
@@ -127,7 +146,16 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
         index.segments.push_back(segment);
     }
     if (next != stored) in.fail("index: segments do not tile the packet's tokens");
-    const auto layers = static_cast<hsize_t>(m.num_layers),
+    if (H5Lexists(g, "layers", H5P_DEFAULT) > 0) {
+        index.layers =
+            in.numeric_dataset<int64_t>(g, "layers", "index/layers", {0}, H5T_NATIVE_INT64);
+        if (index.layers.empty()) in.fail("index: 'layers' lists no layer");
+        const std::string problem = index_layers_problem(index.layers, m.num_layers);
+        if (!problem.empty()) in.fail("index: " + problem);
+    }
+    // Rows of the per-layer datasets: the covered layers.
+    const auto layers = static_cast<hsize_t>(
+                   index.layers.empty() ? m.num_layers : static_cast<int64_t>(index.layers.size())),
                heads = static_cast<hsize_t>(m.num_kv_heads);
     const auto tokens = static_cast<hsize_t>(stored);
     const auto norms = in.numeric_dataset<double>(g, "max_squared_norm", "index/max_squared_norm",
@@ -147,16 +175,22 @@ PacketIndex read_index(const FileReader& in, hid_t packet_group, const CacheMode
     const std::size_t widest = dims[2];
     if (choice.which == LayoutChoice::Which::none) return index;
     // The caller checked the plane; a segment beyond the index's is the caller's mistake too.
-    if (choice.which == LayoutChoice::Which::one &&
-        (choice.plane >= layers * heads || choice.segment >= segments))
-        throw UsageError(in.source() + ": no index layout for plane " +
-                         std::to_string(choice.plane) + ", segment " +
-                         std::to_string(choice.segment) + " (the index has " +
-                         std::to_string(segments) + " segment" + (segments == 1 ? "" : "s") + ")");
+    std::size_t wanted_plane = 0;  // for `one`: the plane's row among the covered layers'
+    if (choice.which == LayoutChoice::Which::one) {
+        const auto layer = static_cast<int64_t>(choice.plane / heads);
+        if (choice.plane >= static_cast<std::size_t>(m.num_layers) * heads ||
+            choice.segment >= segments)
+            throw UsageError(
+                in.source() + ": no index layout for plane " + std::to_string(choice.plane) +
+                ", segment " + std::to_string(choice.segment) + " (the index has " +
+                std::to_string(segments) + " segment" + (segments == 1 ? "" : "s") + ")");
+        if (!index.covers(layer)) return index;  // no layout: the layer is not covered
+        wanted_plane = static_cast<std::size_t>(index.row_of(layer)) * heads + choice.plane % heads;
+    }
     std::vector<int32_t> plane_page_sizes;
     for (std::size_t plane = 0; plane < layers * heads; ++plane) {
-        if (choice.which == LayoutChoice::Which::one && plane != choice.plane) continue;
-        const hsize_t layer = plane / heads, head = plane % heads;
+        if (choice.which == LayoutChoice::Which::one && plane != wanted_plane) continue;
+        const hsize_t layer = plane / heads, head = plane % heads;  // layer: the dataset's row
         in.read_row(page_sizes.get(), "index/page_sizes", H5T_NATIVE_INT32, layer, head, 0, widest,
                     plane_page_sizes);
         std::size_t page = 0;

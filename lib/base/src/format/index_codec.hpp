@@ -7,9 +7,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kv::format {
 
+/// What is wrong with an index's covered layers (in range, increasing), "" when nothing is.
+std::string index_layers_problem(const std::vector<int64_t>& layers, int64_t num_layers);
 /// Throws FormatError (prefixed with `what`) unless the index's sizes match its packet of
 /// `stored` tokens: checked before anything is written.
 void check_index(const PacketIndex& index, const CacheModelInfo& model, int64_t stored,

@@ -14,17 +14,20 @@ inline constexpr const char* format_name = "kvtools-kvcache";
 inline constexpr int format_major = 1;
 // Writers write the lowest version that describes the file: 1.0, 1.1 once a packet has an index
 // (6.5), 1.2 once one keeps different tokens per head (6.3), 1.3 once one is quantised (6.6),
-// 1.4 when the file holds an adapter (6.7).
-inline constexpr int format_minor = 4;
+// 1.4 when the file holds an adapter (6.7), 1.5 once an index covers only some layers (6.5).
+inline constexpr int format_minor = 5;
 inline constexpr int index_minor = 1;
 inline constexpr int ragged_minor = 2;
 inline constexpr const char* ragged_feature = "ragged-heads";
 inline constexpr int quantized_minor = 3;
 inline constexpr const char* quantized_feature = "quantized-kv";
 inline constexpr int adapter_minor = 4;
+inline constexpr int index_layers_minor = 5;
+inline constexpr const char* index_layers_feature = "index-layers";
 inline constexpr int64_t max_1d_chunk = 65536;
 /// Features this reader implements.
-inline const std::set<std::string> known_features = {ragged_feature, quantized_feature};
+inline const std::set<std::string> known_features = {ragged_feature, quantized_feature,
+                                                     index_layers_feature};
 
 /// The name of the ordinal-th packet's group under /packets: "00000012".
 inline std::string packet_group_name(std::size_t ordinal) {

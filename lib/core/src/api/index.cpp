@@ -24,11 +24,29 @@ DciOptions dci_options(const IndexOptions& options) {
     return dci;
 }
 
-// One segment over the whole packet, one index per (layer, kv-head), built on `threads` threads.
+// The layers decoding queries an index of: past the dense ones, the first of each run of
+// layers that share a choice. Empty when that is every layer (the file then needs no list).
+std::vector<int64_t> indexed_layers(const IndexOptions& options, int64_t num_layers) {
+    if (options.dense_layers < 0) throw UsageError("--dense-layers must be >= 0");
+    if (options.reuse_layers < 1) throw UsageError("--reuse-layers must be >= 1");
+    if (options.dense_layers >= num_layers)
+        throw UsageError("--dense-layers " + std::to_string(options.dense_layers) +
+                         " leaves no layer to index (the model has " + std::to_string(num_layers) +
+                         ")");
+    std::vector<int64_t> layers;
+    for (int64_t layer = options.dense_layers; layer < num_layers; layer += options.reuse_layers)
+        layers.push_back(layer);
+    if (static_cast<int64_t>(layers.size()) == num_layers) layers.clear();
+    return layers;
+}
+
+// One segment over the whole packet, one index per (covered layer, kv-head), built on `threads`
+// threads.
 PacketIndex build_packet_index(const Packet& packet, const CacheModelInfo& model,
                                const IndexOptions& options, const std::vector<float>& projection,
-                               int threads, int* max_levels) {
-    const int64_t planes = model.num_layers * model.num_kv_heads;
+                               const std::vector<int64_t>& layers, int threads, int* max_levels) {
+    const int64_t rows = layers.empty() ? model.num_layers : static_cast<int64_t>(layers.size());
+    const int64_t planes = rows * model.num_kv_heads;
     const int64_t tokens = packet.stored_length(), dim = model.head_dim;
     PacketIndex index;
     index.page_size = options.page_size;
@@ -36,6 +54,7 @@ PacketIndex build_packet_index(const Packet& packet, const CacheModelInfo& model
     index.promotion_rest = options.promotion_rest;
     index.projection = projection;
     index.segments = {{0, tokens, 0}};
+    index.layers = layers;
     index.layouts.resize(static_cast<std::size_t>(planes));
     const DciOptions dci = dci_options(options);
     std::atomic<int64_t> next{0};
@@ -43,7 +62,11 @@ PacketIndex build_packet_index(const Packet& packet, const CacheModelInfo& model
     auto work = [&] {
         std::vector<float> keys(static_cast<std::size_t>(tokens * dim));
         for (int64_t plane; (plane = next++) < planes;) {
-            const std::size_t base = static_cast<std::size_t>(plane * tokens * dim);
+            // The plane's place among the packet's keys: its layer's, not its row's.
+            const int64_t row = plane / model.num_kv_heads, head = plane % model.num_kv_heads;
+            const int64_t layer = layers.empty() ? row : layers[static_cast<std::size_t>(row)];
+            const std::size_t base =
+                static_cast<std::size_t>((layer * model.num_kv_heads + head) * tokens * dim);
             for (std::size_t i = 0; i < keys.size(); ++i)
                 keys[i] = load_float(packet.keys.data(), model.dtype, base + i);
             DciIndex built(dim, projection, dci);
@@ -76,8 +99,10 @@ IndexReport index_cache_file(const IndexOptions& options) {
     const CacheReader reader(options.input);
     const CacheModelInfo& model = reader.model();
     const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
+    const std::vector<int64_t> layers = indexed_layers(options, model.num_layers);
     CacheWriter writer(options.output, model, options.provenance, options.write);
     IndexReport report;
+    report.layers = layers.empty() ? model.num_layers : static_cast<int64_t>(layers.size());
     const auto total = static_cast<int64_t>(reader.packets().size());
     for (const PacketInfo& info : reader.packets()) {
         Packet packet = reader.read(info.id);
@@ -90,11 +115,11 @@ IndexReport index_cache_file(const IndexOptions& options) {
                                        "index over such heads is not defined (formats/kvcache.md "
                                        "6.3)");
             const auto began = std::chrono::steady_clock::now();
-            packet.index =
-                build_packet_index(packet, model, options, projection, threads, &report.max_levels);
+            packet.index = build_packet_index(packet, model, options, projection, layers, threads,
+                                              &report.max_levels);
             report.build_seconds +=
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-            report.indexes += model.num_layers * model.num_kv_heads;
+            report.indexes += static_cast<int64_t>(packet.index.layouts.size());
             for (const DciLayout& layout : packet.index.layouts)
                 report.pages += static_cast<int64_t>(layout.page_sizes.size());
         } else {
@@ -122,6 +147,7 @@ json::Value to_json(const IndexReport& report) {
     value.set("packets", report.packets);
     value.set("tokens", report.tokens);
     value.set("indexes", report.indexes);
+    value.set("layers", report.layers);
     value.set("pages", report.pages);
     value.set("kept", report.kept);
     value.set("max_levels", static_cast<int64_t>(report.max_levels));

@@ -225,11 +225,30 @@ void IceCache::index_rows(int64_t layer, const KvCache& cache, int64_t window_st
             return g.stored && g.first_row <= covered && covered < g.first_row + g.stored_count;
         });
         if (stored != segments_.end()) {
+            const PacketIndex& packet_index = *stored->stored;
+            DciOptions dci;
+            dci.page_size = packet_index.page_size;
+            dci.promotion_first = packet_index.promotion_first;
+            dci.promotion_rest = packet_index.promotion_rest;
+            // A layer the packet's index does not cover (kvindex --dense-layers and
+            // --reuse-layers other than decoding's) is built from the keys instead.
+            const bool covered_layer = packet_index.covers(layer);
             for (int64_t head = 0; head < kv_heads; ++head) {
                 auto& index = stored->indexes[static_cast<std::size_t>(layer * kv_heads + head)];
-                index = std::make_unique<DciIndex>(dim, stored->stored->projection);
-                jobs.push_back(restore_job(*stored, index.get(), layer, head, cache));
+                index = std::make_unique<DciIndex>(dim, packet_index.projection, dci);
+                if (covered_layer) {
+                    jobs.push_back(restore_job(*stored, index.get(), layer, head, cache));
+                    continue;
+                }
+                jobs.push_back([&rope = rope_, &cache, index = index.get(), layer, head,
+                                first = stored->first_row, count = stored->stored_count,
+                                delta = stored->delta] {
+                    const torch::Tensor k =
+                        index_keys(cache, layer, head, first, count, delta, rope);
+                    index->build(k.data_ptr<float>(), count);
+                });
             }
+            if (!covered_layer) stats.indexed_tokens += stored->stored_count * kv_heads;
             covered = stored->first_row + stored->stored_count;
             continue;
         }
@@ -262,9 +281,11 @@ void IceCache::index_rows(int64_t layer, const KvCache& cache, int64_t window_st
                 });
             }
             live = &*found;
+            DciOptions dci;
+            dci.page_size = options_.page_size;
             for (int64_t head = 0; head < kv_heads; ++head)
                 live->indexes[static_cast<std::size_t>(layer * kv_heads + head)] =
-                    std::make_unique<DciIndex>(dim, projection_);
+                    std::make_unique<DciIndex>(dim, projection_, dci);
         }
         for (int64_t head = 0; head < kv_heads; ++head) {
             DciIndex* index =

@@ -62,55 +62,85 @@ int64_t SparseAttention::retrievable_rows(const Residency& resident, int64_t row
 }
 
 SparseAttention::SparseAttention(const ModelConfig& config, const Rope& rope, SparseOptions options)
-    : options_(std::move(options)) {
+    : config_(config), rope_(rope), options_(std::move(options)) {
     check_sparse_method(options_.method);
-    const bool full = options_.method == "full";
-    if (options_.budget < 4 * options_.page_size && !full)
-        throw UsageError("--budget must be at least " + std::to_string(4 * options_.page_size) +
-                         " tokens (sink, window and two pages of " +
-                         std::to_string(options_.page_size) + "), not " +
-                         std::to_string(options_.budget));
     if (options_.dense_layers < 0) throw UsageError("--dense-layers must be >= 0");
     if (options_.reuse_layers < 1) throw UsageError("--reuse-layers must be >= 1");
-    split_ = split_budget(options_.budget, options_.page_size);
+    if (options_.page_size < 0) throw UsageError("the page size must not be negative");
     last_rows_.resize(static_cast<std::size_t>(config.num_layers));
     stats_.recall_sum.assign(static_cast<std::size_t>(config.num_layers), 0.0);
     stats_.recall_count.assign(static_cast<std::size_t>(config.num_layers), 0);
     stats_.layer_selections.assign(static_cast<std::size_t>(config.num_layers), 0);
     stats_.layer_rows_sum.assign(static_cast<std::size_t>(config.num_layers), 0);
     stats_.layer_rows_max.assign(static_cast<std::size_t>(config.num_layers), 0);
-    if (!full) policy_ = make_sparse_policy(options_.method, {config, rope, options_, split_});
+    if (options_.method == "full") return;
+    // Without a page size given, the packets' indexes say it (add_stored_index), else 16.
+    if (options_.page_size > 0) make_policy();
 }
 
 SparseAttention::~SparseAttention() = default;
 
+SparsePolicy& SparseAttention::policy() {
+    if (!policy_) {
+        if (options_.page_size == 0) options_.page_size = 16;
+        make_policy();
+    }
+    return *policy_;
+}
+
+void SparseAttention::make_policy() {
+    if (options_.budget < 4 * options_.page_size)
+        throw UsageError("--budget must be at least " + std::to_string(4 * options_.page_size) +
+                         " tokens (sink, window and two pages of " +
+                         std::to_string(options_.page_size) + "), not " +
+                         std::to_string(options_.budget));
+    split_ = split_budget(options_.budget, options_.page_size);
+    policy_ = make_sparse_policy(options_.method, {config_, rope_, options_, split_});
+}
+
 void SparseAttention::add_stored_index(int64_t first_row, int64_t position_offset,
                                        PacketIndex index) {
-    if (policy_) policy_->add_stored_index(first_row, position_offset, std::move(index));
+    if (options_.method == "full") return;
+    if (!policy_ && options_.page_size == 0 && !index.empty()) options_.page_size = index.page_size;
+    if (!index.empty() && index.page_size != options_.page_size && options_.method == "icecache")
+        throw MismatchError("a packet's index has pages of " + std::to_string(index.page_size) +
+                            " tokens, decoding uses pages of " +
+                            std::to_string(options_.page_size) +
+                            ": index the packets of one context alike (kvindex --page-size)");
+    policy().add_stored_index(first_row, position_offset, std::move(index));
+}
+
+bool SparseAttention::owns_choice(int64_t layer) {
+    return !(policy().reusable() && options_.reuse_layers > 1 &&
+             (layer - options_.dense_layers) % options_.reuse_layers != 0);
 }
 
 void SparseAttention::prepare(const KvCache& cache) {
     std::vector<int64_t> layers;
+    // Layers that reuse an earlier layer's choice need nothing of their own.
     for (int64_t layer = options_.dense_layers; layer < cache.num_layers(); ++layer)
-        if (chooses(layer, cache.keys(layer).size(1))) layers.push_back(layer);
-    if (!layers.empty()) policy_->prepare(cache, layers, stats_);
+        if (chooses(layer, cache.keys(layer).size(1)) && owns_choice(layer))
+            layers.push_back(layer);
+    if (!layers.empty()) policy().prepare(cache, layers, stats_);
 }
 
 void SparseAttention::prepare_layer(int64_t layer, const KvCache& cache) {
-    if (chooses(layer, cache.keys(layer).size(1))) policy_->prepare(cache, {layer}, stats_);
+    if (chooses(layer, cache.keys(layer).size(1)) && owns_choice(layer))
+        policy().prepare(cache, {layer}, stats_);
 }
 
 bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const KvCache& cache,
                              std::vector<std::vector<int64_t>>& rows) {
     const int64_t total = cache.keys(layer).size(1);
     if (!chooses(layer, total)) return false;
+    SparsePolicy& policy = this->policy();
     const auto started = Clock::now();
     const int64_t kv_heads = cache.kv_heads(), query_heads = queries.size(0);
     const int64_t group = query_heads / kv_heads, dim = cache.head_dim();
     const auto layer_slot = static_cast<std::size_t>(layer);
     const torch::Tensor q =
         queries.reshape({query_heads, dim}).to(torch::kCPU, torch::kFloat32).contiguous();
-    const Residency resident = policy_->residency(split_, options_.budget, total);
+    const Residency resident = policy.residency(split_, options_.budget, total);
 
     // The sink and the window join every choice.
     auto add_resident = [&](std::vector<int64_t>& chosen) {
@@ -122,9 +152,7 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
         chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
     };
 
-    const bool reuse = policy_->reusable() && options_.reuse_layers > 1 &&
-                       (layer - options_.dense_layers) % options_.reuse_layers != 0 &&
-                       !last_rows_[layer_slot - 1].empty();
+    const bool reuse = !owns_choice(layer) && !last_rows_[layer_slot - 1].empty();
     rows.assign(static_cast<std::size_t>(kv_heads), {});
     if (reuse) {
         rows = last_rows_[layer_slot - 1];
@@ -133,18 +161,23 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
             add_resident(chosen);
     } else {
         std::vector<int64_t> dot_products(static_cast<std::size_t>(kv_heads), 0);
-        const SparseStep step{
-            layer,       q, cache, total, group, resident, split_.retrieved / policy_->unit_rows(),
-            dot_products};
-        policy_->begin_step(step, stats_);
+        const SparseStep step{layer,
+                              q,
+                              cache,
+                              total,
+                              group,
+                              resident,
+                              retrievable_rows(resident, total) / policy.unit_rows(),
+                              dot_products};
+        policy.begin_step(step, stats_);
         auto choose = [&](int64_t head) {
             std::vector<Ranking> rankings(static_cast<std::size_t>(group));
-            policy_->rank(step, head, rankings);
+            policy.rank(step, head, rankings);
             auto& chosen = rows[static_cast<std::size_t>(head)];
-            merge_rankings(rankings, step.retrievable, policy_->unit_rows(), chosen);
+            merge_rankings(rankings, step.retrievable, policy.unit_rows(), chosen);
             add_resident(chosen);
         };
-        if (policy_->parallel_heads())
+        if (policy.parallel_heads())
             sparse::for_each_head(kv_heads, choose);
         else
             for (int64_t head = 0; head < kv_heads; ++head)

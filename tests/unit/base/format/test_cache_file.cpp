@@ -180,6 +180,50 @@ TEST_CASE("index layouts left in the file are read one at a time as read() reads
                       Catch::Contains("no packet 'absent'"));
 }
 
+TEST_CASE("an index over some layers is written as 1.5 with its feature, and read back",
+          "[cache_file]") {
+    // kvindex --dense-layers / --reuse-layers: the index covers layers 1 and 2 of 3 only.
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    kv::Packet packet = make_packet(model, "some", 200, 4);
+    kv::PacketIndex& index = packet.index;
+    index.projection = kv::dci_projection(model.head_dim, 1);
+    index.segments = {{0, 200, 0}};
+    index.layers = {1, 2};
+    std::mt19937 rng(6);
+    std::normal_distribution<float> normal;
+    for (int64_t plane = 0; plane < 2 * model.num_kv_heads; ++plane) {
+        std::vector<float> keys(static_cast<std::size_t>(200 * model.head_dim));
+        for (float& x : keys)
+            x = normal(rng);
+        kv::DciIndex built(model.head_dim, index.projection);
+        built.build(keys.data(), 200);
+        index.layouts.push_back(built.layout());
+    }
+    write_store(dir / "a.kvc", model, {packet});
+    const kv::CacheReader reader(dir / "a.kvc");
+    CHECK(reader.format_version() == "1.5");
+    const kv::Packet read = reader.read("some");
+    CHECK(read.index.layers == std::vector<int64_t>{1, 2});
+    CHECK_FALSE(read.index.covers(0));
+    REQUIRE(read.index.layouts.size() == 4);
+    CHECK(read.index.layout(2, 1, model.num_kv_heads, 0).levels ==
+          index.layout(2, 1, model.num_kv_heads, 0).levels);
+    CHECK(reader.read_index_layout("some", 1, 0, 0).page_tokens ==
+          index.layout(1, 0, model.num_kv_heads, 0).page_tokens);
+    CHECK_THROWS_WITH(reader.read_index_layout("some", 0, 0, 0),
+                      Catch::Contains("has no index of layer 0 (it covers layers 1, 2)"));
+
+    SECTION("layouts that do not match the listed layers are refused before writing") {
+        index.layers = {2, 1};
+        CHECK_THROWS_WITH(write_store(dir / "b.kvc", model, {packet}),
+                          Catch::Contains("its layers do not increase"));
+        index.layers = {1};
+        CHECK_THROWS_WITH(write_store(dir / "b.kvc", model, {packet}),
+                          Catch::Contains("one layout per covered layer"));
+    }
+}
+
 TEST_CASE("a long packet is read plane by plane in pieces, the same bytes", "[cache_file]") {
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model(kv::CacheDtype::bf16);

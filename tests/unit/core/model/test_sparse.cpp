@@ -508,6 +508,54 @@ TEST_CASE("a packed index, its keys rotated, still finds the best tokens", "[spa
     }
 }
 
+TEST_CASE("a stored index's page size and layers are decoding's", "[sparse]") {
+    // kvindex --page-size 32 --dense-layers 1: pages of 32 in the budget split, and the layer
+    // without a stored index (layer 0, decoded sparsely here) built from the keys.
+    torch::NoGradGuard no_grad;
+    const ModelConfig config = sparse_config(2);
+    const Rope rope(config);
+    const int64_t total = 1500;
+    KvCache cache(2, kv_heads, dim, torch::kFloat32, torch::kCPU, total);
+    const torch::Tensor layer0 = clustered_keys(total, 61), layer1 = clustered_keys(total, 62);
+    cache.append({layer0, layer1},
+                 {torch::randn({kv_heads, total, dim}), torch::randn({kv_heads, total, dim})},
+                 torch::arange(total, torch::kInt64));
+    PacketIndex index;
+    index.page_size = 32;
+    index.projection = dci_projection(dim, 1);
+    index.segments = {{0, total, 0}};
+    index.layers = {1};
+    DciOptions dci;
+    dci.page_size = 32;
+    for (int64_t head = 0; head < kv_heads; ++head) {
+        DciIndex built(dim, index.projection, dci);
+        const torch::Tensor k = layer1[head].contiguous();
+        built.build(k.data_ptr<float>(), total);
+        index.layouts.push_back(built.layout());
+    }
+    SparseOptions options;
+    options.method = "icecache";
+    options.budget = 256;
+    options.dense_layers = 0;
+    SparseAttention sparse(config, rope, options);
+    sparse.add_stored_index(0, 0, index);
+    CHECK(sparse.options().page_size == 32);
+    sparse.prepare(cache);
+    CHECK(sparse.stats().indexed_tokens == total * kv_heads);  // layer 0 only, built
+    torch::manual_seed(63);
+    for (int64_t layer = 0; layer < 2; ++layer) {
+        std::vector<std::vector<int64_t>> rows;
+        REQUIRE(sparse.select(layer, torch::randn({query_heads, 1, dim}), cache, rows));
+        // 256 with pages of 32: a sink and a window of 64 each, 4 pages of at most 32.
+        check_shape_of_choice(rows, total, split_budget(256, 32));
+        for (const auto& chosen : rows)
+            CHECK(static_cast<int64_t>(chosen.size()) <= 256);
+    }
+    PacketIndex other = index;
+    other.page_size = 16;
+    CHECK_THROWS_AS(sparse.add_stored_index(total, total, other), MismatchError);
+}
+
 TEST_CASE("indexes built by the worker during a layer-by-layer prefill choose as prepare()'s",
           "[sparse]") {
     // kvserve-once --document on an accelerator: the worker indexes each layer as the prefill

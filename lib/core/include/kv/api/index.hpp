@@ -1,6 +1,7 @@
 // kvindex: IceCache's multi-level DCI index for every (layer, kv-head) of every packet of a cache
-// file, stored with the packet (formats/kvcache.md, section 6.5). Needs no model: the keys are
-// all it reads. Torch-free header: the tool includes only this.
+// file, stored with the packet (formats/kvcache.md, section 6.5), but for the layers decoding
+// reads densely and those that reuse an earlier layer's choice. Needs no model: the keys are all
+// it reads. Torch-free header: the tool includes only this.
 #pragma once
 
 #include "kv/api/report.hpp"
@@ -27,6 +28,11 @@ struct IndexOptions {
     double promotion_rest = 0.2;    ///< p1
     int64_t exact_parent_limit = 3000;
     int64_t anchor_interval = 120;
+    /// The first layers decode densely and get no index (kvserve-once --dense-layers).
+    int64_t dense_layers = 2;
+    /// One sparse layer's choice serves this many (kvserve-once --reuse-layers): only the
+    /// first of each run, layer dense_layers + k * reuse_layers, gets an index.
+    int64_t reuse_layers = 1;
     uint64_t seed = 1;           ///< draws the projection direction
     int threads = 0;             ///< 0: all cores; one (layer, kv-head) per thread
     bool keep_existing = false;  ///< leave packets that already have an index as they are
@@ -39,6 +45,7 @@ struct IndexReport {
     int64_t packets = 0;
     int64_t tokens = 0;
     int64_t indexes = 0;  ///< (packet, layer, kv-head) indexes built
+    int64_t layers = 0;   ///< layers indexed per packet (of the model's)
     int64_t pages = 0;    ///< pages over all of them
     int64_t kept = 0;     ///< packets whose existing index was kept
     int max_levels = 0;
@@ -52,7 +59,8 @@ IndexReport index_cache_file(const IndexOptions& options);
 
 /// kvindex's progress: "3/10 packets".
 ProgressLine progress_line(const IndexProgress& progress);
-/// kvindex --json: packets, tokens, indexes, pages, kept, max_levels, build_seconds, seconds.
+/// kvindex --json: packets, tokens, indexes, layers, pages, kept, max_levels, build_seconds,
+/// seconds.
 json::Value to_json(const IndexReport& report);
 /// kvindex's summary line: "3 packets, 1200 tokens, 48 indexes, 75 pages, up to 3 levels; built
 /// in 0.120 s (0.150 s in all)".

@@ -19,7 +19,9 @@ namespace kv {
 struct SparseOptions {
     std::string method = "full";  ///< a name of sparse_methods(); "full" attends to everything
     int64_t budget = 256;         ///< rows each kv head attends to (see above)
-    int64_t page_size = 16;       ///< IceCache's and Quest's pages
+    /// IceCache's and Quest's pages; 0: those of the packets' indexes (kvindex --page-size),
+    /// else 16.
+    int64_t page_size = 0;
     int64_t dense_layers = 2;     ///< the first layers attend to every row
     int64_t reuse_layers = 1;     ///< a choice serves this many consecutive layers (IceCache(r): 3)
     int64_t field_of_view = 0;    ///< IceCache query; 0: max(tokens / 1000, 30)

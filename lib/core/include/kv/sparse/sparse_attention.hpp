@@ -43,7 +43,8 @@ struct SparseStats {
 class SparseAttention final : public RowChooser {
   public:
     /// `options.method` other than "full" (UsageError for an unknown one); "full" with
-    /// measure_recall chooses nothing and measures nothing either.
+    /// measure_recall chooses nothing and measures nothing either. A page size of 0 takes the
+    /// packets' indexes' (add_stored_index), else 16.
     SparseAttention(const ModelConfig& config, const Rope& rope, SparseOptions options);
     ~SparseAttention() override;
     SparseAttention(const SparseAttention&) = delete;
@@ -79,14 +80,23 @@ class SparseAttention final : public RowChooser {
   private:
     /// Whether layer `layer` over `rows` cached rows chooses (else attends to all).
     bool chooses(int64_t layer, int64_t rows) const {
-        return policy_ && layer >= options_.dense_layers && rows > options_.budget;
+        return options_.method != "full" && layer >= options_.dense_layers &&
+               rows > options_.budget;
     }
+    /// Whether a sparse layer makes its own choice (else it reuses the layer before's).
+    bool owns_choice(int64_t layer);
+    /// The method's policy, made on first use with the page size known by then (16 unless given
+    /// or set by a packet's index).
+    SparsePolicy& policy();
+    void make_policy();
     /// Rows a kv head may retrieve at a step of `rows` rows: the budget less what stays resident.
     int64_t retrievable_rows(const Residency& resident, int64_t rows) const;
     /// The share of each query head's full softmax that `rows` hold, added to the stats.
     void measure_recall(int64_t layer, const torch::Tensor& queries, const KvCache& cache,
                         const std::vector<std::vector<int64_t>>& rows);
 
+    ModelConfig config_;
+    const Rope& rope_;
     SparseOptions options_;
     BudgetSplit split_;
     std::unique_ptr<SparsePolicy> policy_;
