@@ -162,9 +162,8 @@ void add_compression_options(CLI::App& app, CompressionSettings& settings) {
 }
 
 void add_verbosity_options(CLI::App& app, Verbosity& options) {
-    CLI::Option* quiet =
-        app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
-    add_verbose_option(app, options)->excludes(quiet);
+    app.add_flag("-q,--quiet", options.quiet, "No progress or chatter on stderr");
+    add_verbose_option(app, options);
 }
 
 CLI::Option* add_verbose_option(CLI::App& app, Verbosity& options) {
@@ -175,7 +174,12 @@ Reporter::Reporter(std::string tool, const Verbosity& verbosity, Summary summary
     : tool_(std::move(tool)),
       verbosity_(verbosity),
       summary_(summary),
-      live_(!verbosity.quiet && ::isatty(STDERR_FILENO)) {}
+      live_(!verbosity.quiet && ::isatty(STDERR_FILENO)) {
+    // Checked here rather than by the parser (CLI11's excludes), which would also change every
+    // tool's --help, kvserve-once's included.
+    if (verbosity.quiet && verbosity.verbose)
+        throw UsageError("--quiet and --verbose exclude each other");
+}
 
 Reporter::~Reporter() {
     end_progress();

@@ -70,7 +70,7 @@ void write_report(const json::Value& report, const std::string& output, int inde
 /// --kernel-size, --future-positions, --sketch-dimension, --local-window. The method option is
 /// the tool's own.
 void add_compression_options(CLI::App& app, CompressionSettings& settings);
-/// -q/--quiet and -v/--verbose, which exclude each other (the rule above).
+/// -q/--quiet and -v/--verbose (the rule above; the Reporter refuses both together).
 void add_verbosity_options(CLI::App& app, Verbosity& options);
 /// -v/--verbose alone, for commands that print nothing on stderr but errors and warnings unless
 /// asked (so -q would change nothing): kvinspect check, export and merge.
@@ -85,6 +85,7 @@ enum class Summary { by_default, when_verbose };
 /// reporter goes (an error then starts on a line of its own).
 class Reporter {
   public:
+    /// UsageError when both -q and -v were given.
     Reporter(std::string tool, const Verbosity& verbosity, Summary summary);
     ~Reporter();
     Reporter(const Reporter&) = delete;

@@ -6,7 +6,8 @@ kvbake -m "$demo" --no-bos docs.jsonl -o docs.kvc -q
 echo "default:"
 kvindex docs.kvc -o a.kvc 2>&1
 echo "-v:"
-kvindex docs.kvc -o b.kvc -v 2>&1 | sed -E 's/[0-9]+\.[0-9]{3} s/T s/g'
+kvindex docs.kvc -o b.kvc -v 2>&1 |
+    sed -E 's/[0-9]+\.[0-9]{3} s/T s/g; s/[0-9]+ indexes, [0-9]+ pages, up to [0-9]+ levels/I indexes, P pages, up to L levels/'
 echo "-q -v:"
 kvindex docs.kvc -o c.kvc -q -v 2>&1
 echo "exit $?"
