@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -99,8 +100,19 @@ int main(int argc, char** argv) {
     kv::DciIndex index(dim, kv::dci_projection(dim, seed));
     index.build(keys.data(), keys_count, 1);
     const double build_seconds = seconds_since(build_start);
+    // The same index as decoding restores a stored one: in place, each point's children one run
+    // of keys in memory.
+    kv::DciIndex restored(dim, kv::dci_projection(dim, seed));
+    restored.restore_in_place(
+        [&](std::span<const int32_t> tokens, float* out) {
+            for (std::size_t i = 0; i < tokens.size(); ++i)
+                std::copy_n(keys.data() + tokens[i] * dim, dim,
+                            out + static_cast<int64_t>(i) * dim);
+        },
+        keys_count, index.layout(), "the built index", {});
 
-    std::vector<double> recall, token_recall, query_times, brute_times;
+    std::vector<double> recall, token_recall, query_times, restored_times, brute_times;
+    int64_t restored_differs = 0;
     std::vector<int64_t> dots;
     std::vector<float> scores(static_cast<std::size_t>(keys_count));
     for (int64_t q = 0; q < queries; ++q) {
@@ -143,6 +155,10 @@ int main(int argc, char** argv) {
         const kv::DciQueryResult result = index.query(query.data(), options);
         query_times.push_back(seconds_since(started));
         dots.push_back(result.dot_products);
+        started = Clock::now();
+        const kv::DciQueryResult again = restored.query(query.data(), options);
+        restored_times.push_back(seconds_since(started));
+        restored_differs += again.pages != result.pages;
         const std::set<int32_t> found(result.pages.begin(), result.pages.end());
         int64_t hits = 0, token_hits = 0;
         for (int64_t i = 0; i < pages; ++i)
@@ -153,6 +169,10 @@ int main(int argc, char** argv) {
         recall.push_back(static_cast<double>(hits) / static_cast<double>(pages));
         token_recall.push_back(static_cast<double>(token_hits) / 16.0);
     }
+    std::string level_sizes = "[";
+    for (int level = 0; level < index.levels(); ++level)
+        level_sizes += (level ? ", " : "") + std::to_string(index.level_points(level).size());
+    level_sizes += "]";
     double mean_recall = 0, mean_token_recall = 0, mean_dots = 0;
     for (std::size_t i = 0; i < recall.size(); ++i) {
         mean_recall += recall[i] / static_cast<double>(recall.size());
@@ -162,14 +182,16 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"keys\": %lld, \"head_dim\": %lld, \"levels\": %d, \"pages\": %lld, "
         "\"build_seconds\": %.4f, \"build_ms_per_1k_tokens\": %.4f, "
-        "\"query_ms\": %.4f, \"brute_force_ms\": %.4f, \"dot_products\": %.1f, "
+        "\"query_ms\": %.4f, \"restored_query_ms\": %.4f, \"restored_differs\": %lld, "
+        "\"level_sizes\": %s, \"brute_force_ms\": %.4f, \"dot_products\": %.1f, "
         "\"dot_product_share\": %.5f, \"page_recall\": %.4f, \"top16_token_recall\": %.4f, "
         "\"queries\": %lld, \"pages_wanted\": %lld, \"isa\": \"%s\"}\n",
         static_cast<long long>(keys_count), static_cast<long long>(dim), index.levels(),
         static_cast<long long>(index.live_pages()), build_seconds,
         1000.0 * build_seconds / (static_cast<double>(keys_count) / 1000.0),
-        1000.0 * median(query_times), 1000.0 * median(brute_times), mean_dots,
-        mean_dots / static_cast<double>(keys_count), mean_recall, mean_token_recall,
+        1000.0 * median(query_times), 1000.0 * median(restored_times),
+        static_cast<long long>(restored_differs), level_sizes.c_str(), 1000.0 * median(brute_times),
+        mean_dots, mean_dots / static_cast<double>(keys_count), mean_recall, mean_token_recall,
         static_cast<long long>(queries), static_cast<long long>(pages), kv::gemv_isa());
     return 0;
 }

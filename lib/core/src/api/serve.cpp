@@ -352,6 +352,9 @@ void Session::finish_stats() {
                      static_cast<double>(sparse_stats.layer_rows_sum[layer]) /
                          static_cast<double>(sparse_stats.layer_selections[layer]),
                      sparse_stats.layer_rows_max[layer]});
+        stats_.sparse_steps = sparse_stats.steps;
+        stats_.dense_attention_seconds = sparse_stats.dense_attention_seconds;
+        stats_.sparse_attention_seconds = sparse_stats.sparse_attention_seconds;
         stats_.index_dot_products = sparse_stats.index_dot_products;
         stats_.indexed_tokens = sparse_stats.indexed_tokens;
         stats_.index_seconds = sparse_stats.index_seconds;
@@ -423,6 +426,9 @@ json::Value stats_to_json(const ServeStats& stats) {
         result.set("indexed_tokens", stats.indexed_tokens);
         result.set("index_seconds", stats.index_seconds);
         result.set("select_seconds", stats.select_seconds);
+        result.set("sparse_steps", stats.sparse_steps);
+        result.set("dense_attention_seconds", stats.dense_attention_seconds);
+        result.set("sparse_attention_seconds", stats.sparse_attention_seconds);
     }
     if (stats.recompute != "none" && !stats.recompute.empty()) {
         result.set("recompute", stats.recompute);

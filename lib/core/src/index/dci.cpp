@@ -90,6 +90,8 @@ DciIndex::DciIndex(int64_t head_dim, std::vector<float> projection, DciOptions o
 void DciIndex::reset() {
     keys_.clear();
     key_storage_ = {};
+    std::vector<float>().swap(owned_storage_);
+    in_place_ = false;
     token_count_ = 0;
     owner_first_slot_.clear();
     owner_of_point_.clear();
@@ -139,9 +141,8 @@ int64_t DciIndex::pages_below(int32_t point) const {
 int32_t DciIndex::owner_index(int32_t point) const {
     if (point < 0) return 0;
     if (!in_place()) return owner_[static_cast<std::size_t>(point)];
-    const auto found = std::lower_bound(owner_of_point_.begin(), owner_of_point_.end(),
-                                        std::pair<int32_t, int32_t>(point, -1));
-    return found != owner_of_point_.end() && found->first == point ? found->second : -1;
+    const auto found = owner_of_point_.find(point);
+    return found != owner_of_point_.end() ? found->second : -1;
 }
 
 // Deterministic promotion, M-DCI's rule (construct_new_tree with random = false, which its
@@ -618,7 +619,8 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
 
 void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
                                 const std::string& source, KeyStorage storage) {
-    if (!storage.rows && count > 0) throw UsageError("dci: restore_in_place needs key storage");
+    if (!storage.floats && storage.read)
+        throw UsageError("dci: restore_in_place reads back storage it was not given");
     restore_from(read, count, layout, source, false);
     // Slots: the root's children, then each point's, page after page in projection order; the
     // pages keep their ids, as a slot range each.
@@ -642,27 +644,31 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
     owner_of_point_.clear();
     for (std::size_t point = 0; point < n; ++point)
         if (owner_[point] >= 0) {
-            owner_of_point_.emplace_back(static_cast<int32_t>(point), owner_[point]);
+            owner_of_point_.emplace(static_cast<int32_t>(point), owner_[point]);
             lay_out(static_cast<std::size_t>(owner_[point]));
         }
-    // Each slot's row: the key, its projection, its token; written front to back.
-    const int64_t stride = head_dim_ + 2;
+    if (!storage.floats) {
+        owned_storage_.assign(n * static_cast<std::size_t>(head_dim_ + 2), 0.0f);
+        storage.floats = owned_storage_.data();
+    }
+    // The keys slot by slot, then the projections, then the token ids; written front to back.
+    float* keys_out = storage.floats;
+    float* projections_out = keys_out + count * head_dim_;
+    float* tokens_out = projections_out + count;
     constexpr int64_t chunk = 4096;
-    std::vector<float> keys;
     for (int64_t first = 0; first < count; first += chunk) {
         const int64_t rows = std::min(chunk, count - first);
         const std::span<const int32_t> tokens(token_at.data() + first,
                                               static_cast<std::size_t>(rows));
-        keys.resize(static_cast<std::size_t>(rows * head_dim_));
-        read(tokens, keys.data());
+        read(tokens, keys_out + first * head_dim_);
         for (int64_t i = 0; i < rows; ++i) {
-            float* row = storage.rows + (first + i) * stride;
-            std::copy_n(keys.data() + i * head_dim_, head_dim_, row);
-            row[head_dim_] = projection_value_[static_cast<std::size_t>(tokens[i])];
-            std::memcpy(row + head_dim_ + 1, &tokens[static_cast<std::size_t>(i)], sizeof(float));
+            projections_out[first + i] = projection_value_[static_cast<std::size_t>(tokens[i])];
+            std::memcpy(tokens_out + first + i, &tokens[static_cast<std::size_t>(i)],
+                        sizeof(float));
         }
     }
     key_storage_ = std::move(storage);
+    in_place_ = true;
     token_count_ = count;
     // Only the pages, the owners and the levels' count stay in memory: per token, nothing.
     const std::size_t level_count = level_points_.size();
@@ -686,21 +692,19 @@ std::vector<int32_t> DciIndex::tokens_of_page(int32_t page) const {
     if (!in_place()) return pages_[static_cast<std::size_t>(page)].tokens;
     const int32_t first = page_first_slot_[static_cast<std::size_t>(page)];
     const int32_t size = page_size_[static_cast<std::size_t>(page)];
-    const int64_t stride = head_dim_ + 2;
-    std::vector<float> rows(static_cast<std::size_t>(size * stride));
-    read_slots(first, size, rows.data());
+    std::vector<float> buffer;
+    const float* bits = storage_floats(token_count_ * (head_dim_ + 1) + first, size, buffer);
     std::vector<int32_t> tokens(static_cast<std::size_t>(size));
-    for (int32_t i = 0; i < size; ++i)
-        std::memcpy(&tokens[static_cast<std::size_t>(i)], rows.data() + i * stride + head_dim_ + 1,
-                    sizeof(float));
+    std::memcpy(tokens.data(), bits, static_cast<std::size_t>(size) * sizeof(float));
     return tokens;
 }
 
-void DciIndex::read_slots(int64_t first, int64_t count, float* out) const {
-    if (key_storage_.read)
-        key_storage_.read(first, count, out);
-    else
-        std::copy_n(key_storage_.rows + first * (head_dim_ + 2), count * (head_dim_ + 2), out);
+const float* DciIndex::storage_floats(int64_t offset, int64_t count,
+                                      std::vector<float>& buffer) const {
+    if (!key_storage_.read) return key_storage_.floats + offset;
+    buffer.resize(static_cast<std::size_t>(count));
+    key_storage_.read(offset, count, buffer.data());
+    return buffer.data();
 }
 
 void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayout& layout,
@@ -848,114 +852,137 @@ DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& option
                                             dot(direction_.data(), query, head_dim_) / query_norm)
                        : 0.0f;
 
-    std::vector<float> page_best(static_cast<std::size_t>(page_capacity()),
-                                 -std::numeric_limits<float>::infinity());
+    // The best score seen in each page: scratch kept per thread across queries, only the pages
+    // touched reset afterwards (a query touches a few hundred of thousands).
+    thread_local std::vector<float> page_best;
+    const auto pages_here = static_cast<std::size_t>(page_capacity());
+    if (page_best.size() < pages_here)
+        page_best.resize(pages_here, -std::numeric_limits<float>::infinity());
     std::vector<int32_t> touched;
     std::vector<float> scores;
     using Scored = std::pair<float, int32_t>;  // q.k, token
 
-    // A point's children in projection order, as the query sees them: their tokens, pages and
-    // projections, and (in place) their rows, read from the storage in one run.
-    const int64_t stride = head_dim_ + 2;
-    std::vector<int32_t> tokens, pages;
-    std::vector<float> projections, slot_rows;
+    // A point's children in projection order, as the query sees them: their projections, tokens
+    // and pages, and where their keys are. An index restored in place keeps them as one run of
+    // slots, read where they lie in memory (or copied from its file).
+    std::vector<int32_t> token_list, pages;
+    std::vector<float> projection_list, projection_buffer, token_buffer, key_buffer, rows;
+    const float* projections = nullptr;
+    const int32_t* tokens = nullptr;
+    int64_t children = 0, first_slot = 0;
     auto load_children = [&](int32_t owner) {
-        tokens.clear();
         pages.clear();
-        projections.clear();
         for (int32_t page : pages_of(owner)) {
             const int32_t size = in_place() ? page_size_[static_cast<std::size_t>(page)]
                                             : static_cast<int32_t>(pages_[page].tokens.size());
             pages.insert(pages.end(), static_cast<std::size_t>(size), page);
-            if (!in_place())
+        }
+        children = static_cast<int64_t>(pages.size());
+        if (!in_place()) {
+            token_list.clear();
+            projection_list.clear();
+            for (int32_t page : pages_of(owner))
                 for (int32_t token : pages_[page].tokens) {
-                    tokens.push_back(token);
-                    projections.push_back(projection_value_[token]);
+                    token_list.push_back(token);
+                    projection_list.push_back(projection_value_[token]);
                 }
+            tokens = token_list.data();
+            projections = projection_list.data();
+            return;
         }
-        if (!in_place() || pages.empty()) return;
-        const auto count = static_cast<int64_t>(pages.size());
-        slot_rows.resize(static_cast<std::size_t>(count * stride));
-        read_slots(owner_first_slot_[static_cast<std::size_t>(owner_index(owner))], count,
-                   slot_rows.data());
-        tokens.resize(static_cast<std::size_t>(count));
-        for (int64_t i = 0; i < count; ++i) {
-            projections.push_back(slot_rows[static_cast<std::size_t>(i * stride + head_dim_)]);
-            std::memcpy(&tokens[static_cast<std::size_t>(i)],
-                        slot_rows.data() + i * stride + head_dim_ + 1, sizeof(float));
-        }
+        if (children == 0) return;
+        first_slot = owner_first_slot_[static_cast<std::size_t>(owner_index(owner))];
+        projections =
+            storage_floats(token_count_ * head_dim_ + first_slot, children, projection_buffer);
+        tokens = reinterpret_cast<const int32_t*>(
+            storage_floats(token_count_ * (head_dim_ + 1) + first_slot, children, token_buffer));
     };
 
-    // Scores the children of `owner` nearest the query in projection: all of them, or `share`.
-    auto expand = [&](int32_t owner, double take_share, std::vector<Scored>& out) {
+    // Scores the children of `owner` nearest the query in projection: all of them, or `share`;
+    // `out` (when given) receives them as candidates for the level below.
+    auto expand = [&](int32_t owner, double take_share, std::vector<Scored>* out) {
         load_children(owner);
-        if (tokens.empty()) return;
-        const std::size_t children = tokens.size();
+        if (children == 0) return;
+        const auto count = static_cast<std::size_t>(children);
         const auto wanted = static_cast<std::size_t>(
-            std::max(1.0, std::ceil(take_share * static_cast<double>(children))));
+            std::max(1.0, std::ceil(take_share * static_cast<double>(count))));
         // The `wanted` children nearest in projection: a run [left, right) of them.
-        std::size_t left = 0, right = children;
-        if (wanted < children) {
+        std::size_t left = 0, right = count;
+        if (wanted < count) {
             right = static_cast<std::size_t>(
-                std::lower_bound(projections.begin(), projections.end(), query_projection) -
-                projections.begin());
+                std::lower_bound(projections, projections + count, query_projection) - projections);
             left = right;
             while (right - left < wanted) {
                 const bool take_left =
-                    right >= children || (left > 0 && query_projection - projections[left - 1] <
-                                                          projections[right] - query_projection);
+                    right >= count || (left > 0 && query_projection - projections[left - 1] <
+                                                       projections[right] - query_projection);
                 take_left ? --left : ++right;
             }
         }
-        // One row kernel over the chosen keys, gathered.
+        // One row kernel over the run's keys: in place, the slots' keys as they lie; else the
+        // children's keys gathered.
         const std::size_t run = right - left;
-        std::vector<float> rows(run * static_cast<std::size_t>(head_dim_));
-        for (std::size_t i = 0; i < run; ++i) {
-            float* row = rows.data() + i * static_cast<std::size_t>(head_dim_);
-            if (in_place())
-                std::copy_n(slot_rows.data() + static_cast<int64_t>(left + i) * stride, head_dim_,
-                            row);
-            else
-                copy_key(tokens[left + i], row);
+        const float* keys = nullptr;
+        if (in_place()) {
+            keys = storage_floats((first_slot + static_cast<int64_t>(left)) * head_dim_,
+                                  static_cast<int64_t>(run) * head_dim_, key_buffer);
+        } else {
+            rows.resize(run * static_cast<std::size_t>(head_dim_));
+            for (std::size_t i = 0; i < run; ++i)
+                copy_key(tokens[left + i], rows.data() + i * static_cast<std::size_t>(head_dim_));
+            keys = rows.data();
         }
         scores.resize(run);
-        dot_rows_f32(rows.data(), query, scores.data(), static_cast<int64_t>(run), head_dim_);
+        dot_many_rows_f32(keys, query, scores.data(), static_cast<int64_t>(run), head_dim_);
         result.dot_products += static_cast<int64_t>(run);
         for (std::size_t i = 0; i < run; ++i) {
             const int32_t page = pages[left + i];
             if (page_best[page] == -std::numeric_limits<float>::infinity()) touched.push_back(page);
             page_best[page] = std::max(page_best[page], scores[i]);
-            out.emplace_back(scores[i], tokens[left + i]);
         }
+        if (out)
+            for (std::size_t i = 0; i < run; ++i)
+                out->emplace_back(scores[i], tokens[left + i]);
     };
 
-    std::vector<Scored> current;
-    expand(-1, levels() > 1 ? 1.0 : share, current);
+    std::vector<Scored> current, next;
+    expand(-1, levels() > 1 ? 1.0 : share, levels() > 1 ? &current : nullptr);
     for (int level = levels() - 1; level > 0; --level) {
-        std::sort(current.begin(), current.end(), std::greater<>());
         // Keep the best points whose subtrees cover the pages wanted, never fewer than the field
-        // of view; where coverage needs more, the view widens (M-DCI aborts there).
+        // of view; where coverage needs more, the view widens (M-DCI aborts there). Ordered only
+        // as far as the field of view first, the rest when coverage asks for it.
+        const std::size_t view = std::min(current.size(), static_cast<std::size_t>(field_of_view));
+        std::partial_sort(current.begin(), current.begin() + static_cast<std::ptrdiff_t>(view),
+                          current.end(), std::greater<>());
         std::size_t keep = 0;
         int64_t covered = 0;
         while (keep < current.size() &&
-               (covered < options.pages || static_cast<int64_t>(keep) < field_of_view))
+               (covered < options.pages || static_cast<int64_t>(keep) < field_of_view)) {
+            if (keep == view && view < current.size())
+                std::sort(current.begin() + static_cast<std::ptrdiff_t>(view), current.end(),
+                          std::greater<>());
             covered += pages_below(current[keep++].second);
+        }
         // Upper points have about 1/p1 children each: all are scored, since a point missed
-        // there loses its whole subtree. The share applies where the children are many.
-        std::vector<Scored> next;
+        // there loses its whole subtree. The share applies where the children are many. The
+        // finest level's tokens only count for their pages.
+        next.clear();
         for (std::size_t i = 0; i < keep; ++i)
-            expand(current[i].second, level == 1 ? share : 1.0, next);
-        current = std::move(next);
+            expand(current[i].second, level == 1 ? share : 1.0, level == 1 ? nullptr : &next);
+        std::swap(current, next);
     }
 
-    std::sort(touched.begin(), touched.end(), [&](int32_t a, int32_t b) {
-        return page_best[a] != page_best[b] ? page_best[a] > page_best[b] : a < b;
-    });
-    if (static_cast<int64_t>(touched.size()) > options.pages)
-        touched.resize(static_cast<std::size_t>(options.pages));
-    result.pages = touched;
+    const auto ranked = std::min(touched.size(), static_cast<std::size_t>(options.pages));
+    std::partial_sort(touched.begin(), touched.begin() + static_cast<std::ptrdiff_t>(ranked),
+                      touched.end(), [&](int32_t a, int32_t b) {
+                          return page_best[a] != page_best[b] ? page_best[a] > page_best[b] : a < b;
+                      });
+    for (std::size_t i = 0; i < ranked; ++i) {
+        result.pages.push_back(touched[i]);
+        result.page_scores.push_back(page_best[touched[i]]);
+    }
     for (int32_t page : touched)
-        result.page_scores.push_back(page_best[page]);
+        page_best[page] = -std::numeric_limits<float>::infinity();
     return result;
 }
 

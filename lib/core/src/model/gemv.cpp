@@ -1,7 +1,7 @@
 #include "kv/model/gemv.hpp"
 
-#include "kv/float_convert.hpp"
 #include "isa.hpp"
+#include "kv/float_convert.hpp"
 
 #include <ATen/Parallel.h>
 
@@ -162,6 +162,61 @@ __attribute__((target("avx512f"))) void rows_avx512_f32(const float* weights, co
     }
     for (; n < end; ++n)
         y[n] = dot_portable(weights + n * columns, x, columns);
+}
+
+// The horizontal sums of 16 vectors as one vector (lane n: the sum of v[n]): pairs of vectors
+// folded within 128-bit lanes, then the lanes of four folded into each other, a few shuffles
+// for 16 sums where 16 separate reductions cost a chain each.
+__attribute__((target("avx512f"))) inline __m512 fold4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] partial sums.
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    return _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+}
+
+__attribute__((target("avx512f"))) inline __m512 sums16(const __m512* v) {
+    const __m512 w0 = fold4(v[0], v[1], v[2], v[3]), w1 = fold4(v[4], v[5], v[6], v[7]),
+                 w2 = fold4(v[8], v[9], v[10], v[11]), w3 = fold4(v[12], v[13], v[14], v[15]);
+    // Lanes 0+2 and 1+3 of two folded vectors, then of those.
+    const __m512 y01 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x44), _mm512_shuffle_f32x4(w0, w1, 0xEE));
+    const __m512 y23 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(w2, w3, 0x44), _mm512_shuffle_f32x4(w2, w3, 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88),
+                         _mm512_shuffle_f32x4(y01, y23, 0xDD));
+}
+
+// Many short f32 rows against one x (an index scoring a point's children): 16 rows at a time,
+// their sums folded together (sums16), for columns a multiple of 16.
+__attribute__((target("avx512f"))) void many_rows_avx512_f32(const float* rows, const float* x,
+                                                             float* y, int64_t count,
+                                                             int64_t columns) {
+    int64_t n = 0;
+    __m512 acc[16];
+    for (; n + 16 <= count; n += 16) {
+        for (int r = 0; r < 16; ++r)
+            acc[r] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < columns; k += 16) {
+            const __m512 xv = _mm512_loadu_ps(x + k);
+            for (int r = 0; r < 16; ++r)
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(rows + (n + r) * columns + k), xv, acc[r]);
+        }
+        _mm512_storeu_ps(y + n, sums16(acc));
+    }
+    if (n == count) return;
+    // The last rows as a block of 16 whose missing rows are zero.
+    for (int r = 0; r < 16; ++r)
+        acc[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < columns; k += 16) {
+        const __m512 xv = _mm512_loadu_ps(x + k);
+        for (int64_t r = 0; n + r < count; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(rows + (n + r) * columns + k), xv, acc[r]);
+    }
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, sums16(acc));
+    std::copy_n(sums, count - n, y + n);
 }
 
 __attribute__((target("avx2,fma"))) float reduce_avx2(__m256 v) {
@@ -340,6 +395,12 @@ void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count
     dot_rows(rows, x, y, count, columns);
 }
 void dot_rows_f32(const float* rows, const float* x, float* y, int64_t count, int64_t columns) {
+    dot_rows(rows, x, y, count, columns);
+}
+void dot_many_rows_f32(const float* rows, const float* x, float* y, int64_t count,
+                       int64_t columns) {
+    if ((isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0)
+        return many_rows_avx512_f32(rows, x, y, count, columns);
     dot_rows(rows, x, y, count, columns);
 }
 void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out, int64_t count,

@@ -7,6 +7,7 @@
 
 #include <torch/cuda.h>
 
+#include <chrono>
 #include <cmath>
 
 namespace kv {
@@ -289,25 +290,32 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
             // One decoding token: attending to the rows a sparse method chose, or, in a dense
             // layer of a cache on disk, to every row read in chunks, never resident as a whole.
             const double scale = 1.0 / std::sqrt(static_cast<double>(config_.head_dim));
+            const bool decoding = x.size(0) == 1 && !allow.defined();
             std::vector<std::vector<int64_t>> rows;
+            const bool chose =
+                chooser && decoding && chooser->select(index, projected.queries, cache, rows);
+            const auto attention_start = std::chrono::steady_clock::now();
             torch::Tensor attended;
-            if (chooser && x.size(0) == 1 && !allow.defined() &&
-                chooser->select(index, projected.queries, cache, rows))
+            if (chose)
                 attended =
                     cache.offloaded()
                         ? attention_over_staged_rows(projected.queries, cache, index, rows, scale)
                         : attention_over_rows(projected.queries, cache.keys(index),
                                               cache.values(index), rows, scale);
-            else if (cache.offloaded() && x.size(0) == 1 && !allow.defined() &&
-                     config_.sliding_window == 0 && !cache.has_padding())
+            else if (cache.offloaded() && decoding && config_.sliding_window == 0 &&
+                     !cache.has_padding())
                 attended = attention_streamed(projected.queries, cache, index, scale);
-            if (attended.defined()) {
-                x = x + kv::linear(attended.reshape({1, config_.num_heads * config_.head_dim}),
-                                   layer.o_proj);
-            } else {
-                x = x +
-                    attend(layer, projected.queries, cache.keys(index), cache.values(index), mask);
-            }
+            else
+                attended = attention(projected.queries, cache.keys(index), cache.values(index),
+                                     mask, scale)
+                               .transpose(0, 1);
+            if (chooser && decoding)
+                chooser->attended(index, chose,
+                                  std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                                attention_start)
+                                      .count());
+            x = x + kv::linear(attended.reshape({x.size(0), config_.num_heads * config_.head_dim}),
+                               layer.o_proj);
             x = x + mlp_block(layer, x);
             // What this layer read of an offloaded cache leaves the process again.
             cache.release_pages(index);

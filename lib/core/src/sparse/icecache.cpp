@@ -174,22 +174,29 @@ std::function<void()> IceCache::restore_job(const Segment& segment, DciIndex* in
         // Each layout is restored once: its memory goes when its index exists.
         const DciLayout layout = stored_index->take_layout(layer, head, kv_heads, stored_segment);
         const std::string source = "the index of cache rows " + std::to_string(first) + "+";
+        const int64_t dim = cache.head_dim();
         if (!arena) {
+            // In memory, in the index's own order of slots: a query reads each expanded point's
+            // children as one run of keys.
             const torch::Tensor k = index_keys(cache, layer, head, first, count, delta, rope);
-            index->restore(k.data_ptr<float>(), count, layout, source);
+            index->restore_in_place(
+                [&](std::span<const int32_t> tokens, float* out) {
+                    for (std::size_t i = 0; i < tokens.size(); ++i)
+                        std::copy_n(k.data_ptr<float>() + tokens[i] * dim, dim,
+                                    out + static_cast<int64_t>(i) * dim);
+                },
+                count, layout, source, {});
             return;
         }
-        // A row per token: its key, projection and id (DciIndex::restore_in_place).
-        const auto row_bytes = static_cast<std::size_t>(cache.head_dim() + 2) * sizeof(float);
+        // Per token: its key, projection and id (DciIndex::restore_in_place).
         const FileArena::Region storage =
-            arena->allocate(static_cast<std::size_t>(count) * row_bytes);
+            arena->allocate(static_cast<std::size_t>(count * (dim + 2)) * sizeof(float));
         KeyStorage keys_in_file;
-        keys_in_file.rows = reinterpret_cast<float*>(storage.bytes.data());
+        keys_in_file.floats = reinterpret_cast<float*>(storage.bytes.data());
         // Queries read by pread: their keys never become resident.
-        keys_in_file.read = [arena, offset = storage.offset, row_bytes](int64_t from, int64_t n,
-                                                                        float* out) {
-            arena->read(offset + static_cast<std::size_t>(from) * row_bytes,
-                        static_cast<std::size_t>(n) * row_bytes, out);
+        keys_in_file.read = [arena, offset = storage.offset](int64_t from, int64_t n, float* out) {
+            arena->read(offset + static_cast<std::size_t>(from) * sizeof(float),
+                        static_cast<std::size_t>(n) * sizeof(float), out);
         };
         index->restore_in_place(
             [&](std::span<const int32_t> tokens, float* out) {

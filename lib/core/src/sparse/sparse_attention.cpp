@@ -199,6 +199,11 @@ bool SparseAttention::select(int64_t layer, const torch::Tensor& queries, const 
     return true;
 }
 
+void SparseAttention::attended(int64_t layer, bool chose, double seconds) {
+    if (layer == 0) ++stats_.steps;
+    (chose ? stats_.sparse_attention_seconds : stats_.dense_attention_seconds) += seconds;
+}
+
 void SparseAttention::measure_recall(int64_t layer, const torch::Tensor& q, const KvCache& cache,
                                      const std::vector<std::vector<int64_t>>& rows) {
     // The share of the full softmax the chosen rows hold: the normaliser over every row, read a

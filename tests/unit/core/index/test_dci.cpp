@@ -436,17 +436,17 @@ TEST_CASE("an index restored in place keeps its keys in the storage given, child
     };
     DciIndex copy(dim, random_direction(31)), in_place(dim, random_direction(31));
     copy.restore(keys.data(), count, layout, "'a.kvc'");
-    // A row per slot: the key, its projection, its token's bits.
+    // The keys a row per slot, then each slot's projection, then its token's bits.
     const int64_t stride = dim + 2;
     std::vector<float> storage(static_cast<std::size_t>(count * stride), std::nanf(""));
-    int64_t reads = 0, rows_read = 0;  // the queries' reads of the storage
+    int64_t reads = 0, key_rows_read = 0;  // the queries' reads of the storage
     KeyStorage on_disk;
-    on_disk.rows = storage.data();
-    on_disk.read = [&](int64_t first, int64_t rows, float* out) {
+    on_disk.floats = storage.data();
+    on_disk.read = [&](int64_t offset, int64_t floats, float* out) {
         ++reads;
-        rows_read += rows;
-        REQUIRE(first + rows <= count);
-        std::copy_n(storage.data() + first * stride, rows * stride, out);
+        if (offset < count * dim) key_rows_read += floats / dim;
+        REQUIRE(offset + floats <= count * stride);
+        std::copy_n(storage.data() + offset, floats, out);
     };
     in_place.restore_in_place(reader, count, layout, "'a.kvc'", on_disk);
     CHECK(reads == 0);
@@ -456,18 +456,18 @@ TEST_CASE("an index restored in place keeps its keys in the storage given, child
     CHECK(in_place.levels() == copy.levels());
     CHECK(in_place.live_pages() == copy.live_pages());
     CHECK(in_place.page_capacity() == copy.page_capacity());
-    // Every token has one row, holding its key and projection.
+    // Every token has one slot, holding its key and projection.
     std::vector<int64_t> row_of(static_cast<std::size_t>(count), -1);
     for (int64_t row = 0; row < count; ++row) {
-        const float* slot = storage.data() + row * stride;
+        const float* key = storage.data() + row * dim;
         int32_t token = -1;
-        std::memcpy(&token, slot + dim + 1, sizeof token);
+        std::memcpy(&token, storage.data() + count * (dim + 1) + row, sizeof token);
         REQUIRE(token >= 0);
         REQUIRE(token < count);
         REQUIRE(row_of[static_cast<std::size_t>(token)] == -1);
         row_of[static_cast<std::size_t>(token)] = row;
-        REQUIRE(std::equal(slot, slot + dim, keys.data() + token * dim));
-        REQUIRE(slot[dim] == copy.projection_of(token));
+        REQUIRE(std::equal(key, key + dim, keys.data() + token * dim));
+        REQUIRE(storage[static_cast<std::size_t>(count * dim + row)] == copy.projection_of(token));
     }
     // The same pages per point, with the same tokens; each point's children side by side.
     for (int32_t owner = -1; owner < static_cast<int32_t>(count); ++owner) {
@@ -486,13 +486,16 @@ TEST_CASE("an index restored in place keeps its keys in the storage given, child
         for (std::size_t i = 1; i < rows.size(); ++i)
             REQUIRE(rows[i] == rows[i - 1] + 1);
     }
-    reads = rows_read = 0;
+    reads = key_rows_read = 0;
     // Queries score the same keys: the same pages, scores and work, each point's chosen
-    // children read in one run, from the storage or through `read`.
-    DciIndex direct(dim, random_direction(31));
+    // children read in one run, from the storage, through `read`, or from memory the index
+    // owns.
+    DciIndex direct(dim, random_direction(31)), owned(dim, random_direction(31));
     std::vector<float> direct_storage(storage.size());
     direct.restore_in_place(reader, count, layout, "'a.kvc'", {direct_storage.data(), {}});
     CHECK(direct_storage == storage);
+    owned.restore_in_place(reader, count, layout, "'a.kvc'", {});
+    CHECK(owned.in_place());
     const std::vector<float> queries = clustered_keys(12, 12, 32);
     int64_t dot_products = 0;
     for (int q = 0; q < 12; ++q) {
@@ -501,20 +504,24 @@ TEST_CASE("an index restored in place keeps its keys in the storage given, child
         CHECK(a.pages == b.pages);
         CHECK(a.page_scores == b.page_scores);
         CHECK(a.dot_products == b.dot_products);
-        const DciQueryResult c = direct.query(query, {});
-        CHECK(c.pages == a.pages);
-        CHECK(c.page_scores == a.page_scores);
+        for (const DciIndex* other : {&direct, &owned}) {
+            const DciQueryResult c = other->query(query, {});
+            CHECK(c.pages == a.pages);
+            CHECK(c.page_scores == a.page_scores);
+        }
         dot_products += b.dot_products;
     }
-    // Each expanded point's children in one read (the share scored is taken from them).
-    CHECK(rows_read >= dot_products);
-    CHECK(rows_read * 4 <= dot_products * 5 + 12 * 64);
-    CHECK(reads * 10 < rows_read);  // runs of many keys, not a read per key
+    // The keys read are those scored, each expanded point's in one run (with its children's
+    // projections and tokens: three reads a point).
+    CHECK(key_rows_read == dot_products);
+    CHECK(reads * 10 < key_rows_read);  // runs of many keys, not a read per key
     CHECK_THROWS_WITH(in_place.insert(keys.data(), 1), Catch::Contains("restored in place"));
     DciLayout bad = layout;
     bad.page_tokens[1] = bad.page_tokens[0];
     CHECK_THROWS_WITH(in_place.restore_in_place(reader, count, bad, "'a.kvc'", on_disk),
                       Catch::Contains("'a.kvc': invalid index"));
-    CHECK_THROWS_AS(in_place.restore_in_place(reader, count, layout, "'a.kvc'", KeyStorage{}),
+    KeyStorage unreadable;
+    unreadable.read = on_disk.read;  // reads back storage it was not given
+    CHECK_THROWS_AS(in_place.restore_in_place(reader, count, layout, "'a.kvc'", unreadable),
                     UsageError);
 }

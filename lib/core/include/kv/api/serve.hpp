@@ -101,6 +101,12 @@ struct ServeStats {
         int64_t max = 0;
     };
     std::vector<LayerRows> attended_per_layer;
+    /// One-token steps through the sparse attention (decoding, and a prompt fed token by
+    /// token), and their attention time in dense layers and over the chosen rows: with
+    /// select_seconds, the parts of a step that are not the weights.
+    int64_t sparse_steps = 0;
+    double dense_attention_seconds = 0;
+    double sparse_attention_seconds = 0;
     int64_t index_dot_products = 0;
     int64_t indexed_tokens = 0;
     double index_seconds = 0;

@@ -24,6 +24,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace kv {
@@ -61,15 +62,17 @@ struct DciQueryResult {
 /// to `out`.
 using KeyReader = std::function<void(std::span<const int32_t> tokens, float* out)>;
 
-/// Where an index restored in place keeps its keys, and everything else it knows per token: a
-/// row of head_dim + 2 floats per slot (the key, its projection, its token id's bits) in `rows`
-/// (count rows, e.g. a FileArena region), which restoring writes once, front to back, in the
-/// index's own order of slots (each point's children side by side, page after page), and
-/// `read`, which copies rows [first, first + count) back for a query (empty: straight from
-/// `rows`). A file read through `read` (pread) brings nothing into the process but the copy.
+/// Where an index restored in place keeps its keys and everything else it knows per token:
+/// count * (head_dim + 2) floats at `floats` (e.g. a FileArena region), the keys first, a row per
+/// slot in the index's own order of slots (each point's children side by side, page after page),
+/// then each slot's projection, then each slot's token id (its bits). Restoring writes them once,
+/// front to back. `read` copies floats [offset, offset + count) back for a query; empty, queries
+/// read `floats` in place. A file read through `read` (pread) brings nothing into the process but
+/// the copy. An empty storage (neither) is memory the index allocates and owns: the fastest to
+/// query, every expanded point's children one run of keys.
 struct KeyStorage {
-    float* rows = nullptr;
-    std::function<void(int64_t first, int64_t count, float* out)> read;
+    float* floats = nullptr;
+    std::function<void(int64_t offset, int64_t count, float* out)> read;
 };
 
 /// A projection direction: head_dim + 1 standard normal draws from `seed`, normalised. One
@@ -106,8 +109,8 @@ class DciIndex {
     /// and it takes no new tokens (insert() throws).
     void restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
                           const std::string& source, KeyStorage storage);
-    /// Whether the index keeps its keys in storage given to restore_in_place.
-    bool in_place() const { return key_storage_.rows != nullptr; }
+    /// Whether the index keeps its keys in the slot storage of restore_in_place.
+    bool in_place() const { return in_place_; }
 
     int64_t head_dim() const { return head_dim_; }
     int64_t size() const { return in_place() ? token_count_ : static_cast<int64_t>(level_.size()); }
@@ -172,8 +175,9 @@ class DciIndex {
                       const std::string& source, bool keep_keys);
     /// The key of a token, wherever the index keeps it.
     void copy_key(int32_t token, float* out) const;
-    /// Rows [first, first + count) of an in-place index's storage (key, projection, token).
-    void read_slots(int64_t first, int64_t count, float* out) const;
+    /// Floats [offset, offset + count) of an in-place index's storage: where they lie in memory,
+    /// or a copy read into `buffer`.
+    const float* storage_floats(int64_t offset, int64_t count, std::vector<float>& buffer) const;
 
     int64_t head_dim_;
     std::vector<float> direction_;  // u, unit length, d + 1 values
@@ -184,10 +188,12 @@ class DciIndex {
     // An index restored in place keeps no per-token table: its storage has a row per slot,
     // the owners their first slot, the pages (ids kept) their slot range.
     KeyStorage key_storage_;
+    std::vector<float> owned_storage_;  // the storage when restore_in_place was given none
+    bool in_place_ = false;
     int64_t token_count_ = 0;
-    std::vector<int32_t> owner_first_slot_;                    // per owner
-    std::vector<std::pair<int32_t, int32_t>> owner_of_point_;  // (point, owner), by point
-    std::vector<int32_t> page_first_slot_, page_size_;         // per page id
+    std::vector<int32_t> owner_first_slot_;                // per owner
+    std::unordered_map<int32_t, int32_t> owner_of_point_;  // point -> owner
+    std::vector<int32_t> page_first_slot_, page_size_;     // per page id
     std::vector<float> squared_norm_;
     std::vector<float> projection_value_;
     std::vector<int8_t> level_;

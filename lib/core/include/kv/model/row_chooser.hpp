@@ -19,6 +19,9 @@ class RowChooser {
     /// cache holds the layer's keys, the new token's included.
     virtual bool select(int64_t layer, const torch::Tensor& queries, const KvCache& cache,
                         std::vector<std::vector<int64_t>>& rows) = 0;
+    /// Told after each such step's attention in layer `layer`: over the rows chosen
+    /// (`chose`) or over every row, and how long the attention took (a step's breakdown).
+    virtual void attended(int64_t /*layer*/, bool /*chose*/, double /*seconds*/) {}
 };
 
 }  // namespace kv

@@ -33,10 +33,14 @@ struct SparseStats {
     /// Per layer: the (step, kv head) choices it made, their rows summed, and the most rows one
     /// kv head attended to at one step (never more than the budget).
     std::vector<int64_t> layer_selections, layer_rows_sum, layer_rows_max;
-    int64_t index_dot_products = 0;     ///< q.k computed by IceCache's index queries
-    int64_t indexed_tokens = 0;         ///< rows inserted or built into indexes while decoding
-    double index_seconds = 0;           ///< building and growing indexes
-    double select_seconds = 0;          ///< choosing rows (queries included)
+    int64_t index_dot_products = 0;  ///< q.k computed by IceCache's index queries
+    int64_t indexed_tokens = 0;      ///< rows inserted or built into indexes while decoding
+    double index_seconds = 0;        ///< building and growing indexes
+    double select_seconds = 0;       ///< choosing rows (queries included)
+    /// One-token steps (counted in the first layer) and the time their attention took, in the
+    /// layers that attended to every row and in those that attended to the rows chosen.
+    int64_t steps = 0;
+    double dense_attention_seconds = 0, sparse_attention_seconds = 0;
     int64_t offloaded_index_bytes = 0;  ///< the file the indexes of an offloaded cache keep keys in
 };
 
@@ -61,6 +65,7 @@ class SparseAttention final : public RowChooser {
     /// holds no layer of keys.
     bool select(int64_t layer, const torch::Tensor& queries, const KvCache& cache,
                 std::vector<std::vector<int64_t>>& rows) override;
+    void attended(int64_t layer, bool chose, double seconds) override;
 
     /// Builds or restores the indexes of every sparse layer for the rows the cache holds now
     /// (IceCache; others need nothing), so that this one-time work happens before decoding
