@@ -1,6 +1,6 @@
 // Compression of baked caches by pruning tokens, with the scoring rules of NVIDIA kvpress
-// (../shared/research/peers.md, A.1): each (layer, kv-head) keeps its own top-scored tokens, so a
-// compressed packet stores per-head positions (formats/kvcache.md 6.3) and keeps its logical
+// (github.com/NVIDIA/kvpress, its presses): each (layer, kv-head) keeps its own top-scored tokens,
+// so a compressed packet stores per-head positions (formats/kvcache.md 6.3) and keeps its logical
 // length, which is what keeps RoPE right when it is packed after others.
 //
 // Rules that look only at the cache (random, knorm, streaming, leverage, cur) compress a file

@@ -13,6 +13,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 namespace kv {
 
@@ -837,36 +838,54 @@ std::vector<int32_t> DciIndex::take_dirty_pages() {
 }
 
 DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& options) const {
-    DciQueryResult result;
-    if (size() == 0 || options.pages <= 0) return result;
+    return std::move(query_group({&query, 1}, options).front());
+}
+
+std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> queries,
+                                                  const DciQueryOptions& options) const {
+    std::vector<DciQueryResult> results(queries.size());
+    if (size() == 0 || options.pages <= 0) return results;
     const int64_t field_of_view =
         options.field_of_view > 0 ? options.field_of_view : std::max<int64_t>(size() / 1000, 30);
     const double share = std::clamp(options.retrieve_share, 0.0, 1.0);
-    const double query_norm = std::sqrt(dot(query, query, head_dim_));
-    // The query lifted onto the keys' sphere, [sqrt(M) q/|q|, 0]: then |T(k) - T(q)|² =
-    // 2M - 2 sqrt(M) q.k/|q| ranks keys exactly as q.k does, and nearness in projection means
-    // something. (M-DCI projects q/|q|, of norm 1 against keys of norm sqrt(M): with real key
-    // norms that picks children almost at random, which its 80% share hides.)
-    const float query_projection =
-        query_norm > 0 ? static_cast<float>(std::sqrt(max_squared_norm_) *
-                                            dot(direction_.data(), query, head_dim_) / query_norm)
-                       : 0.0f;
-
-    // The best score seen in each page: scratch kept per thread across queries, only the pages
-    // touched reset afterwards (a query touches a few hundred of thousands).
-    thread_local std::vector<float> page_best;
-    const auto pages_here = static_cast<std::size_t>(page_capacity());
-    if (page_best.size() < pages_here)
-        page_best.resize(pages_here, -std::numeric_limits<float>::infinity());
-    std::vector<int32_t> touched;
-    std::vector<float> scores;
     using Scored = std::pair<float, int32_t>;  // q.k, token
 
-    // A point's children in projection order, as the query sees them: their projections, tokens
-    // and pages, and where their keys are. An index restored in place keeps them as one run of
-    // slots, read where they lie in memory (or copied from its file).
+    // Each query's own walk: where it lies in projection, its candidates, and the best score it
+    // saw in each page (scratch kept per thread across calls, only the pages touched reset).
+    struct Walk {
+        const float* query = nullptr;
+        float projection = 0;
+        std::vector<Scored> current, next;
+        std::vector<int32_t> touched;
+        std::vector<float>* page_best = nullptr;
+    };
+    thread_local std::vector<std::vector<float>> page_bests;
+    if (page_bests.size() < queries.size()) page_bests.resize(queries.size());
+    const auto pages_here = static_cast<std::size_t>(page_capacity());
+    std::vector<Walk> walks(queries.size());
+    for (std::size_t g = 0; g < queries.size(); ++g) {
+        Walk& walk = walks[g];
+        walk.query = queries[g];
+        const double query_norm = std::sqrt(dot(walk.query, walk.query, head_dim_));
+        // The query lifted onto the keys' sphere, [sqrt(M) q/|q|, 0]: then |T(k) - T(q)|² =
+        // 2M - 2 sqrt(M) q.k/|q| ranks keys exactly as q.k does, and nearness in projection
+        // means something. (M-DCI projects q/|q|, of norm 1 against keys of norm sqrt(M): with
+        // real key norms that picks children almost at random, which its 80% share hides.)
+        walk.projection =
+            query_norm > 0
+                ? static_cast<float>(std::sqrt(max_squared_norm_) *
+                                     dot(direction_.data(), walk.query, head_dim_) / query_norm)
+                : 0.0f;
+        walk.page_best = &page_bests[g];
+        if (walk.page_best->size() < pages_here)
+            walk.page_best->resize(pages_here, -std::numeric_limits<float>::infinity());
+    }
+
+    // A point's children in projection order, as the queries see them: their projections,
+    // tokens and pages, and where their keys are. An index restored in place keeps them as one
+    // run of slots, read where they lie in memory (or copied from its file).
     std::vector<int32_t> token_list, pages;
-    std::vector<float> projection_list, projection_buffer, token_buffer, key_buffer, rows;
+    std::vector<float> projection_list, projection_buffer, token_buffer, key_buffer, rows, scores;
     const float* projections = nullptr;
     const int32_t* tokens = nullptr;
     int64_t children = 0, first_slot = 0;
@@ -898,92 +917,136 @@ DciQueryResult DciIndex::query(const float* query, const DciQueryOptions& option
             storage_floats(token_count_ * (head_dim_ + 1) + first_slot, children, token_buffer));
     };
 
-    // Scores the children of `owner` nearest the query in projection: all of them, or `share`;
-    // `out` (when given) receives them as candidates for the level below.
-    auto expand = [&](int32_t owner, double take_share, std::vector<Scored>* out) {
+    // The `wanted` children nearest in projection to `target`: a run [left, right) of them.
+    auto nearest_run = [&](float target, std::size_t wanted) {
+        const auto count = static_cast<std::size_t>(children);
+        std::size_t left = 0, right = count;
+        if (wanted < count) {
+            right = static_cast<std::size_t>(
+                std::lower_bound(projections, projections + count, target) - projections);
+            left = right;
+            while (right - left < wanted) {
+                const bool take_left =
+                    right >= count ||
+                    (left > 0 && target - projections[left - 1] < projections[right] - target);
+                take_left ? --left : ++right;
+            }
+        }
+        return std::pair(left, right);
+    };
+
+    // Scores the children of `owner` nearest each of `members`' queries in projection (all of
+    // them, or `share`); a member's candidates for the level below, when `collect`, go to its
+    // `next`. The keys of the children any member scores are read once for all of them.
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    auto expand = [&](int32_t owner, double take_share, const std::vector<std::size_t>& members,
+                      bool collect) {
         load_children(owner);
         if (children == 0) return;
         const auto count = static_cast<std::size_t>(children);
         const auto wanted = static_cast<std::size_t>(
             std::max(1.0, std::ceil(take_share * static_cast<double>(count))));
-        // The `wanted` children nearest in projection: a run [left, right) of them.
-        std::size_t left = 0, right = count;
-        if (wanted < count) {
-            right = static_cast<std::size_t>(
-                std::lower_bound(projections, projections + count, query_projection) - projections);
-            left = right;
-            while (right - left < wanted) {
-                const bool take_left =
-                    right >= count || (left > 0 && query_projection - projections[left - 1] <
-                                                       projections[right] - query_projection);
-                take_left ? --left : ++right;
-            }
+        runs.clear();
+        std::size_t first = count, last = 0;
+        for (std::size_t g : members) {
+            runs.push_back(nearest_run(walks[g].projection, wanted));
+            first = std::min(first, runs.back().first);
+            last = std::max(last, runs.back().second);
         }
-        // One row kernel over the run's keys: in place, the slots' keys as they lie; else the
-        // children's keys gathered.
-        const std::size_t run = right - left;
+        // In place, the slots' keys as they lie; else the children's keys gathered.
         const float* keys = nullptr;
         if (in_place()) {
-            keys = storage_floats((first_slot + static_cast<int64_t>(left)) * head_dim_,
-                                  static_cast<int64_t>(run) * head_dim_, key_buffer);
+            keys = storage_floats((first_slot + static_cast<int64_t>(first)) * head_dim_,
+                                  static_cast<int64_t>(last - first) * head_dim_, key_buffer);
         } else {
-            rows.resize(run * static_cast<std::size_t>(head_dim_));
-            for (std::size_t i = 0; i < run; ++i)
-                copy_key(tokens[left + i], rows.data() + i * static_cast<std::size_t>(head_dim_));
+            rows.resize((last - first) * static_cast<std::size_t>(head_dim_));
+            for (std::size_t i = first; i < last; ++i)
+                copy_key(tokens[i],
+                         rows.data() + (i - first) * static_cast<std::size_t>(head_dim_));
             keys = rows.data();
         }
-        scores.resize(run);
-        dot_many_rows_f32(keys, query, scores.data(), static_cast<int64_t>(run), head_dim_);
-        result.dot_products += static_cast<int64_t>(run);
-        for (std::size_t i = 0; i < run; ++i) {
-            const int32_t page = pages[left + i];
-            if (page_best[page] == -std::numeric_limits<float>::infinity()) touched.push_back(page);
-            page_best[page] = std::max(page_best[page], scores[i]);
+        for (std::size_t m = 0; m < members.size(); ++m) {
+            Walk& walk = walks[members[m]];
+            const auto [left, right] = runs[m];
+            const std::size_t run = right - left;
+            scores.resize(run);
+            dot_many_rows_f32(keys + (left - first) * static_cast<std::size_t>(head_dim_),
+                              walk.query, scores.data(), static_cast<int64_t>(run), head_dim_);
+            results[members[m]].dot_products += static_cast<int64_t>(run);
+            std::vector<float>& page_best = *walk.page_best;
+            for (std::size_t i = 0; i < run; ++i) {
+                const int32_t page = pages[left + i];
+                if (page_best[page] == -std::numeric_limits<float>::infinity())
+                    walk.touched.push_back(page);
+                page_best[page] = std::max(page_best[page], scores[i]);
+            }
+            if (collect)
+                for (std::size_t i = 0; i < run; ++i)
+                    walk.next.emplace_back(scores[i], tokens[left + i]);
         }
-        if (out)
-            for (std::size_t i = 0; i < run; ++i)
-                out->emplace_back(scores[i], tokens[left + i]);
     };
 
-    std::vector<Scored> current, next;
-    expand(-1, levels() > 1 ? 1.0 : share, levels() > 1 ? &current : nullptr);
+    std::vector<std::size_t> everyone(queries.size());
+    std::iota(everyone.begin(), everyone.end(), std::size_t{0});
+    expand(-1, levels() > 1 ? 1.0 : share, everyone, levels() > 1);
+    for (Walk& walk : walks)
+        std::swap(walk.current, walk.next);
+    // The points each query keeps at a level, and for each point the queries that keep it.
+    std::unordered_map<int32_t, std::vector<std::size_t>> keepers;
+    std::vector<int32_t> order;
     for (int level = levels() - 1; level > 0; --level) {
-        // Keep the best points whose subtrees cover the pages wanted, never fewer than the field
-        // of view; where coverage needs more, the view widens (M-DCI aborts there). Ordered only
-        // as far as the field of view first, the rest when coverage asks for it.
-        const std::size_t view = std::min(current.size(), static_cast<std::size_t>(field_of_view));
-        std::partial_sort(current.begin(), current.begin() + static_cast<std::ptrdiff_t>(view),
-                          current.end(), std::greater<>());
-        std::size_t keep = 0;
-        int64_t covered = 0;
-        while (keep < current.size() &&
-               (covered < options.pages || static_cast<int64_t>(keep) < field_of_view)) {
-            if (keep == view && view < current.size())
-                std::sort(current.begin() + static_cast<std::ptrdiff_t>(view), current.end(),
-                          std::greater<>());
-            covered += pages_below(current[keep++].second);
+        keepers.clear();
+        order.clear();
+        for (std::size_t g = 0; g < walks.size(); ++g) {
+            std::vector<Scored>& current = walks[g].current;
+            // Keep the best points whose subtrees cover the pages wanted, never fewer than the
+            // field of view; where coverage needs more, the view widens (M-DCI aborts there).
+            // Ordered only as far as the field of view first, the rest when coverage asks.
+            const std::size_t view =
+                std::min(current.size(), static_cast<std::size_t>(field_of_view));
+            std::partial_sort(current.begin(), current.begin() + static_cast<std::ptrdiff_t>(view),
+                              current.end(), std::greater<>());
+            std::size_t keep = 0;
+            int64_t covered = 0;
+            while (keep < current.size() &&
+                   (covered < options.pages || static_cast<int64_t>(keep) < field_of_view)) {
+                if (keep == view && view < current.size())
+                    std::sort(current.begin() + static_cast<std::ptrdiff_t>(view), current.end(),
+                              std::greater<>());
+                const int32_t point = current[keep++].second;
+                covered += pages_below(point);
+                auto [at, fresh] = keepers.try_emplace(point);
+                if (fresh) order.push_back(point);
+                at->second.push_back(g);
+            }
+            walks[g].next.clear();
         }
         // Upper points have about 1/p1 children each: all are scored, since a point missed
         // there loses its whole subtree. The share applies where the children are many. The
         // finest level's tokens only count for their pages.
-        next.clear();
-        for (std::size_t i = 0; i < keep; ++i)
-            expand(current[i].second, level == 1 ? share : 1.0, level == 1 ? nullptr : &next);
-        std::swap(current, next);
+        for (int32_t point : order)
+            expand(point, level == 1 ? share : 1.0, keepers[point], level > 1);
+        for (Walk& walk : walks)
+            std::swap(walk.current, walk.next);
     }
 
-    const auto ranked = std::min(touched.size(), static_cast<std::size_t>(options.pages));
-    std::partial_sort(touched.begin(), touched.begin() + static_cast<std::ptrdiff_t>(ranked),
-                      touched.end(), [&](int32_t a, int32_t b) {
-                          return page_best[a] != page_best[b] ? page_best[a] > page_best[b] : a < b;
-                      });
-    for (std::size_t i = 0; i < ranked; ++i) {
-        result.pages.push_back(touched[i]);
-        result.page_scores.push_back(page_best[touched[i]]);
+    for (std::size_t g = 0; g < walks.size(); ++g) {
+        Walk& walk = walks[g];
+        std::vector<float>& page_best = *walk.page_best;
+        const auto ranked = std::min(walk.touched.size(), static_cast<std::size_t>(options.pages));
+        std::partial_sort(
+            walk.touched.begin(), walk.touched.begin() + static_cast<std::ptrdiff_t>(ranked),
+            walk.touched.end(), [&](int32_t a, int32_t b) {
+                return page_best[a] != page_best[b] ? page_best[a] > page_best[b] : a < b;
+            });
+        for (std::size_t i = 0; i < ranked; ++i) {
+            results[g].pages.push_back(walk.touched[i]);
+            results[g].page_scores.push_back(page_best[walk.touched[i]]);
+        }
+        for (int32_t page : walk.touched)
+            page_best[page] = -std::numeric_limits<float>::infinity();
     }
-    for (int32_t page : touched)
-        page_best[page] = -std::numeric_limits<float>::infinity();
-    return result;
+    return results;
 }
 
 }  // namespace kv

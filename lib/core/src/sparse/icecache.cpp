@@ -104,29 +104,38 @@ class IceCache final : public SparsePolicy {
         query_options.field_of_view = options_.field_of_view;
         query_options.retrieve_share = options_.retrieve_share;
         const auto plane = static_cast<std::size_t>(step.layer * kv_heads + head);
-        for (int64_t member = 0; member < step.group; ++member) {
-            struct Found {
-                float score;
-                std::size_t segment;
-                int32_t page;
-            };
-            std::vector<Found> found;
-            for (std::size_t g = 0; g < segments_.size(); ++g) {
-                const auto& index = segments_[g].indexes[plane];
-                if (!index) continue;
-                const float* query =
+        struct Found {
+            float score;
+            std::size_t segment;
+            int32_t page;
+        };
+        std::vector<std::vector<Found>> found(static_cast<std::size_t>(step.group));
+        std::vector<const float*> queries(static_cast<std::size_t>(step.group));
+        for (std::size_t g = 0; g < segments_.size(); ++g) {
+            const auto& index = segments_[g].indexes[plane];
+            if (!index) continue;
+            // The kv head's query heads walk the index together: each expanded point's children
+            // are read once for all of them.
+            for (int64_t member = 0; member < step.group; ++member)
+                queries[static_cast<std::size_t>(member)] =
                     shifted_[g].data_ptr<float>() + (head * step.group + member) * dim;
-                const DciQueryResult result = index->query(query, query_options);
+            const std::vector<DciQueryResult> results = index->query_group(queries, query_options);
+            for (int64_t member = 0; member < step.group; ++member) {
+                const DciQueryResult& result = results[static_cast<std::size_t>(member)];
                 step.dot_products[static_cast<std::size_t>(head)] += result.dot_products;
                 for (std::size_t i = 0; i < result.pages.size(); ++i)
-                    found.push_back({result.page_scores[i], g, result.pages[i]});
+                    found[static_cast<std::size_t>(member)].push_back(
+                        {result.page_scores[i], g, result.pages[i]});
             }
-            std::sort(found.begin(), found.end(),
+        }
+        for (int64_t member = 0; member < step.group; ++member) {
+            std::vector<Found>& mine = found[static_cast<std::size_t>(member)];
+            std::sort(mine.begin(), mine.end(),
                       [](const Found& a, const Found& b) { return a.score > b.score; });
-            if (static_cast<int64_t>(found.size()) > wanted)
-                found.resize(static_cast<std::size_t>(wanted));
+            if (static_cast<int64_t>(mine.size()) > wanted)
+                mine.resize(static_cast<std::size_t>(wanted));
             Ranking& ranking = rankings[static_cast<std::size_t>(member)];
-            for (const Found& f : found) {
+            for (const Found& f : mine) {
                 const Segment& segment = segments_[f.segment];
                 // A page is known by its segment and its number there.
                 RankedUnit unit{static_cast<int64_t>(f.segment) << 32 | f.page, {}};

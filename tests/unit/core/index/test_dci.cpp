@@ -316,6 +316,42 @@ TEST_CASE("pages stay at least half full as tokens join and are re-parented", "[
     CHECK(pages > count / 16);
 }
 
+TEST_CASE("queries walked together get what each gets alone", "[dci]") {
+    // The query heads of one kv head share the walk (query_group): the same pages, scores and
+    // dot products as one query() each, over an index built and over one restored in place.
+    const int64_t count = 8000;
+    const std::vector<float> keys = clustered_keys(count, 24, 41);
+    DciIndex built(dim, random_direction(42));
+    built.build(keys.data(), count);
+    DciIndex restored(dim, random_direction(42));
+    restored.restore_in_place(
+        [&](std::span<const int32_t> tokens, float* out) {
+            for (std::size_t i = 0; i < tokens.size(); ++i)
+                std::copy_n(keys.data() + tokens[i] * dim, dim,
+                            out + static_cast<int64_t>(i) * dim);
+        },
+        count, built.layout(), "'a.kvc'", {});
+    // Four queries, two near each other (they share points) and two apart.
+    std::vector<float> queries = clustered_keys(4, 24, 43);
+    std::copy_n(queries.data(), dim, queries.data() + dim);
+    queries[dim] += 0.3f;
+    const std::vector<const float*> group = {queries.data(), queries.data() + dim,
+                                             queries.data() + 2 * dim, queries.data() + 3 * dim};
+    for (const DciIndex* index : {&built, &restored})
+        for (const int64_t view : {0, 60}) {
+            DciQueryOptions options;
+            options.field_of_view = view;
+            const std::vector<DciQueryResult> together = index->query_group(group, options);
+            REQUIRE(together.size() == 4);
+            for (std::size_t g = 0; g < 4; ++g) {
+                const DciQueryResult alone = index->query(group[g], options);
+                CHECK(together[g].pages == alone.pages);
+                CHECK(together[g].page_scores == alone.page_scores);
+                CHECK(together[g].dot_products == alone.dot_products);
+            }
+        }
+}
+
 TEST_CASE("a query wanting more pages than exist widens instead of failing", "[dci]") {
     const std::vector<float> keys = clustered_keys(2000, 8, 18);
     DciIndex index(dim, random_direction(19));

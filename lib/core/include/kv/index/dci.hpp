@@ -91,6 +91,11 @@ class DciIndex {
     /// Appends `count` keys as the next tokens, one by one as decoding produces them.
     void insert(const float* keys, int64_t count);
     DciQueryResult query(const float* query, const DciQueryOptions& options) const;
+    /// query() for each of several queries at once (the query heads that share a kv head):
+    /// each gets exactly what query() would give it, but the children of a point that several
+    /// of them expand are read once for all of them.
+    std::vector<DciQueryResult> query_group(std::span<const float* const> queries,
+                                            const DciQueryOptions& options) const;
 
     /// The tree and pages as stored (live pages in id order; free ones are left out, so page ids
     /// are renumbered by restore).
