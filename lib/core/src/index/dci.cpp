@@ -1,6 +1,7 @@
 #include "kv/index/dci.hpp"
 
 #include "kv/error.hpp"
+#include "kv/float_convert.hpp"
 #include "kv/memory.hpp"
 #include "kv/model/gemv.hpp"
 
@@ -648,20 +649,35 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
             owner_of_point_.emplace(static_cast<int32_t>(point), owner_[point]);
             lay_out(static_cast<std::size_t>(owner_[point]));
         }
+    if (storage.bf16_keys && head_dim_ % 2 != 0)
+        throw UsageError("dci: bf16 keys need an even head_dim");
     if (!storage.floats) {
-        owned_storage_.assign(n * static_cast<std::size_t>(head_dim_ + 2), 0.0f);
+        owned_storage_.assign(
+            static_cast<std::size_t>(dci_storage_floats(count, head_dim_, storage.bf16_keys)),
+            0.0f);
         storage.floats = owned_storage_.data();
     }
+    key_storage_.bf16_keys = storage.bf16_keys;
+    token_count_ = count;
     // The keys slot by slot, then the projections, then the token ids; written front to back.
     float* keys_out = storage.floats;
-    float* projections_out = keys_out + count * head_dim_;
-    float* tokens_out = projections_out + count;
+    float* projections_out = keys_out + projections_at();
+    float* tokens_out = keys_out + tokens_at();
     constexpr int64_t chunk = 4096;
+    std::vector<float> wide;
     for (int64_t first = 0; first < count; first += chunk) {
         const int64_t rows = std::min(chunk, count - first);
         const std::span<const int32_t> tokens(token_at.data() + first,
                                               static_cast<std::size_t>(rows));
-        read(tokens, keys_out + first * head_dim_);
+        if (storage.bf16_keys) {
+            wide.resize(static_cast<std::size_t>(rows * head_dim_));
+            read(tokens, wide.data());
+            auto* narrow = reinterpret_cast<uint16_t*>(keys_out + key_floats_of(first));
+            for (std::size_t i = 0; i < wide.size(); ++i)
+                narrow[i] = float_to_bf16(wide[i]);
+        } else {
+            read(tokens, keys_out + key_floats_of(first));
+        }
         for (int64_t i = 0; i < rows; ++i) {
             projections_out[first + i] = projection_value_[static_cast<std::size_t>(tokens[i])];
             std::memcpy(tokens_out + first + i, &tokens[static_cast<std::size_t>(i)],
@@ -670,7 +686,6 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
     }
     key_storage_ = std::move(storage);
     in_place_ = true;
-    token_count_ = count;
     // Only the pages, the owners and the levels' count stay in memory: per token, nothing.
     const std::size_t level_count = level_points_.size();
     std::vector<std::vector<int32_t>>(level_count).swap(level_points_);
@@ -694,10 +709,18 @@ std::vector<int32_t> DciIndex::tokens_of_page(int32_t page) const {
     const int32_t first = page_first_slot_[static_cast<std::size_t>(page)];
     const int32_t size = page_size_[static_cast<std::size_t>(page)];
     std::vector<float> buffer;
-    const float* bits = storage_floats(token_count_ * (head_dim_ + 1) + first, size, buffer);
+    const float* bits = storage_floats(tokens_at() + first, size, buffer);
     std::vector<int32_t> tokens(static_cast<std::size_t>(size));
     std::memcpy(tokens.data(), bits, static_cast<std::size_t>(size) * sizeof(float));
     return tokens;
+}
+
+int64_t dci_storage_floats(int64_t count, int64_t head_dim, bool bf16_keys) {
+    return count * (bf16_keys ? head_dim / 2 : head_dim) + 2 * count;
+}
+
+int64_t DciIndex::key_floats_of(int64_t slots) const {
+    return slots * (key_storage_.bf16_keys ? head_dim_ / 2 : head_dim_);
 }
 
 const float* DciIndex::storage_floats(int64_t offset, int64_t count,
@@ -911,10 +934,9 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
         }
         if (children == 0) return;
         first_slot = owner_first_slot_[static_cast<std::size_t>(owner_index(owner))];
-        projections =
-            storage_floats(token_count_ * head_dim_ + first_slot, children, projection_buffer);
+        projections = storage_floats(projections_at() + first_slot, children, projection_buffer);
         tokens = reinterpret_cast<const int32_t*>(
-            storage_floats(token_count_ * (head_dim_ + 1) + first_slot, children, token_buffer));
+            storage_floats(tokens_at() + first_slot, children, token_buffer));
     };
 
     // The `wanted` children nearest in projection to `target`: a run [left, right) of them.
@@ -953,11 +975,14 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
             first = std::min(first, runs.back().first);
             last = std::max(last, runs.back().second);
         }
-        // In place, the slots' keys as they lie; else the children's keys gathered.
+        // In place, the slots' keys as they lie (float32 or bf16); else the children's keys
+        // gathered.
         const float* keys = nullptr;
+        const bool bf16 = in_place() && key_storage_.bf16_keys;
+        const int64_t row_floats = bf16 ? head_dim_ / 2 : head_dim_;
         if (in_place()) {
-            keys = storage_floats((first_slot + static_cast<int64_t>(first)) * head_dim_,
-                                  static_cast<int64_t>(last - first) * head_dim_, key_buffer);
+            keys = storage_floats(key_floats_of(first_slot + static_cast<int64_t>(first)),
+                                  static_cast<int64_t>(last - first) * row_floats, key_buffer);
         } else {
             rows.resize((last - first) * static_cast<std::size_t>(head_dim_));
             for (std::size_t i = first; i < last; ++i)
@@ -970,8 +995,13 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
             const auto [left, right] = runs[m];
             const std::size_t run = right - left;
             scores.resize(run);
-            dot_many_rows_f32(keys + (left - first) * static_cast<std::size_t>(head_dim_),
-                              walk.query, scores.data(), static_cast<int64_t>(run), head_dim_);
+            const float* run_keys = keys + (left - first) * static_cast<std::size_t>(row_floats);
+            if (bf16)
+                dot_many_rows_bf16(reinterpret_cast<const uint16_t*>(run_keys), walk.query,
+                                   scores.data(), static_cast<int64_t>(run), head_dim_);
+            else
+                dot_many_rows_f32(run_keys, walk.query, scores.data(), static_cast<int64_t>(run),
+                                  head_dim_);
             results[members[m]].dot_products += static_cast<int64_t>(run);
             std::vector<float>& page_best = *walk.page_best;
             for (std::size_t i = 0; i < run; ++i) {

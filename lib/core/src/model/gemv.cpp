@@ -188,11 +188,21 @@ __attribute__((target("avx512f"))) inline __m512 sums16(const __m512* v) {
                          _mm512_shuffle_f32x4(y01, y23, 0xDD));
 }
 
-// Many short f32 rows against one x (an index scoring a point's children): 16 rows at a time,
-// their sums folded together (sums16), for columns a multiple of 16.
-__attribute__((target("avx512f"))) void many_rows_avx512_f32(const float* rows, const float* x,
-                                                             float* y, int64_t count,
-                                                             int64_t columns) {
+// Many short rows against one x (an index scoring a point's children): 16 rows at a time,
+// their sums folded together (sums16), for columns a multiple of 16. bf16 rows are widened
+// exactly, so that they give the bits float32 rows of the same values give.
+template <typename Weight>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const Weight* p) {
+    if constexpr (std::is_same_v<Weight, uint16_t>)
+        return widen_bf16x16(p);
+    else
+        return _mm512_loadu_ps(p);
+}
+
+template <typename Weight>
+__attribute__((target("avx512f,avx512bw"))) void many_rows_avx512(const Weight* rows,
+                                                                  const float* x, float* y,
+                                                                  int64_t count, int64_t columns) {
     int64_t n = 0;
     __m512 acc[16];
     for (; n + 16 <= count; n += 16) {
@@ -201,7 +211,7 @@ __attribute__((target("avx512f"))) void many_rows_avx512_f32(const float* rows, 
         for (int64_t k = 0; k < columns; k += 16) {
             const __m512 xv = _mm512_loadu_ps(x + k);
             for (int r = 0; r < 16; ++r)
-                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(rows + (n + r) * columns + k), xv, acc[r]);
+                acc[r] = _mm512_fmadd_ps(load16(rows + (n + r) * columns + k), xv, acc[r]);
         }
         _mm512_storeu_ps(y + n, sums16(acc));
     }
@@ -212,7 +222,7 @@ __attribute__((target("avx512f"))) void many_rows_avx512_f32(const float* rows, 
     for (int64_t k = 0; k < columns; k += 16) {
         const __m512 xv = _mm512_loadu_ps(x + k);
         for (int64_t r = 0; n + r < count; ++r)
-            acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(rows + (n + r) * columns + k), xv, acc[r]);
+            acc[r] = _mm512_fmadd_ps(load16(rows + (n + r) * columns + k), xv, acc[r]);
     }
     alignas(64) float sums[16];
     _mm512_store_ps(sums, sums16(acc));
@@ -400,8 +410,18 @@ void dot_rows_f32(const float* rows, const float* x, float* y, int64_t count, in
 void dot_many_rows_f32(const float* rows, const float* x, float* y, int64_t count,
                        int64_t columns) {
     if ((isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0)
-        return many_rows_avx512_f32(rows, x, y, count, columns);
+        return many_rows_avx512(rows, x, y, count, columns);
     dot_rows(rows, x, y, count, columns);
+}
+void dot_many_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count,
+                        int64_t columns) {
+    if ((isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0)
+        return many_rows_avx512(rows, x, y, count, columns);
+    // Widened, then as float32 rows: the same bits as those rows would give.
+    std::vector<float> wide(static_cast<std::size_t>(count * columns));
+    for (std::size_t i = 0; i < wide.size(); ++i)
+        wide[i] = bf16_to_float(rows[i]);
+    dot_many_rows_f32(wide.data(), x, y, count, columns);
 }
 void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out, int64_t count,
                           int64_t columns) {

@@ -184,6 +184,8 @@ std::function<void()> IceCache::restore_job(const Segment& segment, DciIndex* in
         const DciLayout layout = stored_index->take_layout(layer, head, kv_heads, stored_segment);
         const std::string source = "the index of cache rows " + std::to_string(first) + "+";
         const int64_t dim = cache.head_dim();
+        // Keys that were bf16 stay bf16 in the index: exact, and half the bytes a query reads.
+        const bool bf16_keys = cache.dtype() == torch::kBFloat16 && dim % 2 == 0;
         if (!arena) {
             // In memory, in the index's own order of slots: a query reads each expanded point's
             // children as one run of keys.
@@ -194,14 +196,15 @@ std::function<void()> IceCache::restore_job(const Segment& segment, DciIndex* in
                         std::copy_n(k.data_ptr<float>() + tokens[i] * dim, dim,
                                     out + static_cast<int64_t>(i) * dim);
                 },
-                count, layout, source, {});
+                count, layout, source, {nullptr, {}, bf16_keys});
             return;
         }
         // Per token: its key, projection and id (DciIndex::restore_in_place).
-        const FileArena::Region storage =
-            arena->allocate(static_cast<std::size_t>(count * (dim + 2)) * sizeof(float));
+        const FileArena::Region storage = arena->allocate(
+            static_cast<std::size_t>(dci_storage_floats(count, dim, bf16_keys)) * sizeof(float));
         KeyStorage keys_in_file;
         keys_in_file.floats = reinterpret_cast<float*>(storage.bytes.data());
+        keys_in_file.bf16_keys = bf16_keys;
         // Queries read by pread: their keys never become resident.
         keys_in_file.read = [arena, offset = storage.offset](int64_t from, int64_t n, float* out) {
             arena->read(offset + static_cast<std::size_t>(from) * sizeof(float),

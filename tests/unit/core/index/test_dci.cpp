@@ -1,6 +1,7 @@
 // The DCI index against brute force: structure invariants, exact parents, exhaustive queries
 // equal to the true top pages, recall of the default query, insertion with page splits.
 #include "kv/error.hpp"
+#include "kv/float_convert.hpp"
 #include "kv/format/cache_reader.hpp"
 #include "kv/index/dci.hpp"
 
@@ -337,6 +338,23 @@ TEST_CASE("queries walked together get what each gets alone", "[dci]") {
     queries[dim] += 0.3f;
     const std::vector<const float*> group = {queries.data(), queries.data() + dim,
                                              queries.data() + 2 * dim, queries.data() + 3 * dim};
+    // bf16 keys stored as bf16: exact, so the same answers as their float32 values stored so.
+    std::vector<float> rounded(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i)
+        rounded[i] = bf16_to_float(float_to_bf16(keys[i]));
+    auto read_rounded = [&](std::span<const int32_t> tokens, float* out) {
+        for (std::size_t i = 0; i < tokens.size(); ++i)
+            std::copy_n(rounded.data() + tokens[i] * dim, dim, out + static_cast<int64_t>(i) * dim);
+    };
+    DciIndex wide(dim, random_direction(42)), narrow(dim, random_direction(42));
+    wide.restore_in_place(read_rounded, count, built.layout(), "'a.kvc'", {});
+    narrow.restore_in_place(read_rounded, count, built.layout(), "'a.kvc'", {nullptr, {}, true});
+    for (const float* query : group) {
+        const DciQueryResult a = wide.query(query, {}), b = narrow.query(query, {});
+        CHECK(a.pages == b.pages);
+        CHECK(a.page_scores == b.page_scores);
+        CHECK(a.dot_products == b.dot_products);
+    }
     for (const DciIndex* index : {&built, &restored})
         for (const int64_t view : {0, 60}) {
             DciQueryOptions options;

@@ -653,6 +653,16 @@ TEST_CASE("the kernel for many short rows matches the float64 reference", "[ops]
                             input[static_cast<std::size_t>(c)];
             CHECK(std::abs(y[static_cast<std::size_t>(r)] - expected) < 1e-4);
         }
+        // bf16 rows give the bits of float32 rows holding the same values.
+        const torch::Tensor narrow = weight.to(torch::kBFloat16).contiguous();
+        const torch::Tensor widened = narrow.to(torch::kFloat32).contiguous();
+        std::vector<float> from_bf16(static_cast<std::size_t>(rows)),
+            from_f32(static_cast<std::size_t>(rows));
+        dot_many_rows_bf16(reinterpret_cast<const uint16_t*>(narrow.data_ptr()),
+                           x.data_ptr<float>(), from_bf16.data(), rows, columns);
+        dot_many_rows_f32(widened.data_ptr<float>(), x.data_ptr<float>(), from_f32.data(), rows,
+                          columns);
+        CHECK(from_bf16 == from_f32);
     }
 }
 

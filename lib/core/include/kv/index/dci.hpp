@@ -63,17 +63,22 @@ struct DciQueryResult {
 using KeyReader = std::function<void(std::span<const int32_t> tokens, float* out)>;
 
 /// Where an index restored in place keeps its keys and everything else it knows per token:
-/// count * (head_dim + 2) floats at `floats` (e.g. a FileArena region), the keys first, a row per
-/// slot in the index's own order of slots (each point's children side by side, page after page),
-/// then each slot's projection, then each slot's token id (its bits). Restoring writes them once,
-/// front to back. `read` copies floats [offset, offset + count) back for a query; empty, queries
-/// read `floats` in place. A file read through `read` (pread) brings nothing into the process but
-/// the copy. An empty storage (neither) is memory the index allocates and owns: the fastest to
-/// query, every expanded point's children one run of keys.
+/// dci_storage_floats(count, head_dim, bf16_keys) floats at `floats` (e.g. a FileArena region),
+/// the keys first, a row per slot in the index's own order of slots (each point's children side
+/// by side, page after page), as float32 or, with bf16_keys, as bf16 (half the bytes, exact for
+/// keys that were bf16), then each slot's projection, then each slot's token id (its bits).
+/// Restoring writes them once, front to back. `read` copies floats [offset, offset + count) back
+/// for a query; empty, queries read `floats` in place. A file read through `read` (pread) brings
+/// nothing into the process but the copy. An empty storage (neither) is memory the index
+/// allocates and owns: the fastest to query, every expanded point's children one run of keys.
 struct KeyStorage {
     float* floats = nullptr;
     std::function<void(int64_t offset, int64_t count, float* out)> read;
+    bool bf16_keys = false;  ///< keys stored as bf16 (head_dim even); exact for bf16 keys only
 };
+
+/// The floats a KeyStorage of `count` tokens needs.
+int64_t dci_storage_floats(int64_t count, int64_t head_dim, bool bf16_keys);
 
 /// A projection direction: head_dim + 1 standard normal draws from `seed`, normalised. One
 /// serves every index of a file.
@@ -180,6 +185,11 @@ class DciIndex {
                       const std::string& source, bool keep_keys);
     /// The key of a token, wherever the index keeps it.
     void copy_key(int32_t token, float* out) const;
+    /// Where an in-place index's regions start in its storage, in floats: the slots' keys, their
+    /// projections, their tokens.
+    int64_t key_floats_of(int64_t slots) const;
+    int64_t projections_at() const { return key_floats_of(token_count_); }
+    int64_t tokens_at() const { return projections_at() + token_count_; }
     /// Floats [offset, offset + count) of an in-place index's storage: where they lie in memory,
     /// or a copy read into `buffer`.
     const float* storage_floats(int64_t offset, int64_t count, std::vector<float>& buffer) const;

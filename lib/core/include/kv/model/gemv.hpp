@@ -23,6 +23,10 @@ void dot_rows_f32(const float* rows, const float* x, float* y, int64_t count, in
 /// their sums folded together instead of reduced one by one; the sums are added in another order,
 /// so they may differ from dot_rows_f32's in the last bits.
 void dot_many_rows_f32(const float* rows, const float* x, float* y, int64_t count, int64_t columns);
+/// dot_many_rows_f32 over bf16 rows (raw bits), widened exactly: the same bits as float32 rows
+/// holding the same values.
+void dot_many_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count,
+                        int64_t columns);
 void accumulate_rows_bf16(const uint16_t* rows, const float* weights, float* out, int64_t count,
                           int64_t columns);
 void accumulate_rows_f32(const float* rows, const float* weights, float* out, int64_t count,
