@@ -141,9 +141,14 @@ int main(int argc, char** argv) {
             if (options.document.empty())
                 throw kv::FormatError("the document " + kv::quoted(document_file) + " is empty");
         }
+        kv::cli::Reporter reporter("kvserve-once", verbosity, kv::cli::Summary::when_verbose);
+        options.progress = [&](const kv::ServeProgress& progress) {
+            reporter.progress(kv::progress_line(progress));
+        };
         const kv::ServeStats stats =
             kv::serve_once(options, [](std::string_view text) { kv::cli::write_stdout(text); });
         kv::cli::write_stdout("\n");
+        reporter.finish(kv::summary(stats));
         if (!stats_path.empty()) {
             const std::string report = kv::json::dump(kv::stats_to_json(stats), 2) + "\n";
             if (stats_path == "-")

@@ -54,6 +54,10 @@ class Session {
     void finish_stats();
 
   private:
+    void report(const ServeProgress& progress) const {
+        if (options_.progress) options_.progress(progress);
+    }
+
     const ServeOptions& options_;
     ServeStats& stats_;
     Sampler sampler_;
@@ -68,6 +72,7 @@ class Session {
     std::optional<KvCache> cache_;
     std::vector<int32_t> prompt_ids_;
     AssembledContext assembled_;
+    int64_t packets_read_ = 0;
     torch::Tensor logits_;
     Clock::time_point prefill_start_;
 };
@@ -159,6 +164,7 @@ void Session::assemble_packets() {
     assembled_ = kv::assemble_packets(
         model_, tokenizer_, runtime_.cache_info, options_.caches, has_bos_,
         options_.max_new_tokens + 64, cache, [&](Packet& packet) {
+            report({"packets", ++packets_read_, 0});
             if (!sparse_) return;
             if (packet.padded())
                 throw UnsupportedError("packet " + kv::quoted(packet.id) +
@@ -169,6 +175,7 @@ void Session::assemble_packets() {
             sparse_->add_stored_index(cache.length(), cache.next_position(),
                                       std::move(packet.index));
         });
+    if (packets_read_ > 0) report({"packets", packets_read_, packets_read_});
     stats_.cache_load_seconds = assembled_.read_seconds;
     stats_.cache_bytes_read = assembled_.bytes_read;
     if (assembled_.bos_added) streamer_->push(tokenizer_.bos_id());
@@ -224,12 +231,18 @@ void Session::prefill_document() {
         streamer_->push(id);
     const auto document_start = Clock::now();
     cache.reserve(stats_.document_tokens + options_.max_new_tokens + 64);
+    auto report_layer = [&](int64_t layer) {
+        report({"document layers", layer + 1, model_.config().num_layers});
+    };
     const bool icecache = sparse_ && options_.attention.method == "icecache";
     if (icecache && !model_.device().is_cpu()) {
         // The layers compute on the accelerator while the host indexes the finished ones.
         IndexWorker worker(*sparse_, cache);
-        logits_ = model_.prefill_by_layer(document, cache, options_.prefill_chunk,
-                                          [&](int64_t layer) { worker.layer_done(layer); });
+        logits_ =
+            model_.prefill_by_layer(document, cache, options_.prefill_chunk, [&](int64_t layer) {
+                worker.layer_done(layer);
+                report_layer(layer);
+            });
         const auto wait_start = Clock::now();
         worker.finish();
         stats_.index_wait_seconds = seconds_since(wait_start);
@@ -239,10 +252,12 @@ void Session::prefill_document() {
         // 0.88x at 8k, one run each), so each layer is indexed on all cores as soon as it is
         // done.
         logits_ =
-            model_.prefill_by_layer(document, cache, options_.prefill_chunk,
-                                    [&](int64_t layer) { sparse_->prepare_layer(layer, cache); });
+            model_.prefill_by_layer(document, cache, options_.prefill_chunk, [&](int64_t layer) {
+                sparse_->prepare_layer(layer, cache);
+                report_layer(layer);
+            });
     } else {
-        logits_ = model_.prefill_by_layer(document, cache, options_.prefill_chunk);
+        logits_ = model_.prefill_by_layer(document, cache, options_.prefill_chunk, report_layer);
     }
     stats_.document_seconds = seconds_since(document_start);
 }
@@ -275,9 +290,12 @@ void Session::prefill_prompt(const Emit& emit) {
     // An offloaded cache goes through the sparse attention for the prompt too: a dense prefill
     // would read every page of the context.
     if (!prompt.empty() && sparse_ && (options_.sparse_prompt || offload_to_disk_)) {
-        for (std::size_t i = 0; i < prompt.size(); ++i)
+        for (std::size_t i = 0; i < prompt.size(); ++i) {
             logits_ = model_.prefill(std::span<const int32_t>(prompt).subspan(i, 1), cache, 1,
                                      sparse_.get());
+            report({"prompt tokens", static_cast<int64_t>(i) + 1,
+                    static_cast<int64_t>(prompt.size())});
+        }
     } else if (!prompt.empty()) {
         logits_ = model_.prefill(prompt, cache, options_.prefill_chunk);
     }
@@ -379,6 +397,33 @@ ServeStats serve_once(const ServeOptions& options, const Emit& emit) {
     session.decode(emit);
     session.finish_stats();
     return stats;
+}
+
+ProgressLine progress_line(const ServeProgress& progress) {
+    ProgressLine line;
+    line.text = progress.total > 0 ? format_text("%s: %lld/%lld", progress.stage.c_str(),
+                                                 static_cast<long long>(progress.done),
+                                                 static_cast<long long>(progress.total))
+                                   : format_text("%s: %lld", progress.stage.c_str(),
+                                                 static_cast<long long>(progress.done));
+    line.last = progress.total > 0 && progress.done == progress.total;
+    // Plain lines with -v at the ends of stages only: a line per token would drown the text.
+    line.plain = line.last;
+    return line;
+}
+
+std::string summary(const ServeStats& stats) {
+    std::string context;
+    if (stats.cache_tokens > 0)
+        context = format_text(" after %lld cached", static_cast<long long>(stats.cache_tokens));
+    else if (stats.document_tokens > 0)
+        context =
+            format_text(" after a document of %lld", static_cast<long long>(stats.document_tokens));
+    return format_text(
+        "%lld prompt tokens%s, %lld generated (%s); first token after %.2f s, %.1f tokens/s",
+        static_cast<long long>(stats.prompt_tokens), context.c_str(),
+        static_cast<long long>(stats.generated_tokens), stats.stop_reason.c_str(),
+        stats.time_to_first_token_seconds, stats.decode_tokens_per_second);
 }
 
 json::Value stats_to_json(const ServeStats& stats) {

@@ -3,6 +3,7 @@
 // Torch-free on purpose: the tool's main includes only this header.
 #pragma once
 
+#include "kv/api/report.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sampler.hpp"
 #include "kv/sparse/options.hpp"
@@ -32,6 +33,15 @@ struct RecomputeOptions {
     int64_t tokens = 32;
 };
 
+/// Where the work before the first token stands: reading packets, prefilling a document layer by
+/// layer, feeding the prompt a token at a time through the sparse attention. (The generated text
+/// is its own progress.)
+struct ServeProgress {
+    std::string stage;  ///< "packets", "document layers", "prompt tokens"
+    int64_t done = 0;
+    int64_t total = 0;  ///< 0: not known ahead
+};
+
 struct ServeOptions {
     RuntimeOptions runtime;   ///< the model, its tokenizer, device, dtype, threads
     SamplerOptions sampling;  ///< temperature, top-p and the seed (none: drawn, reported)
@@ -58,7 +68,8 @@ struct ServeOptions {
     /// temporary file in `offload_dir`, rows read with pread as a step needs them: memory holds
     /// what one step reads, not the context).
     std::string offload = "host";
-    std::filesystem::path offload_dir;  ///< empty: $TMPDIR, else /tmp
+    std::filesystem::path offload_dir;                   ///< empty: $TMPDIR, else /tmp
+    std::function<void(const ServeProgress&)> progress;  ///< as each stage advances
 };
 
 struct ServeStats {
@@ -123,5 +134,10 @@ ServeStats serve_once(const ServeOptions& options,
                       const std::function<void(std::string_view)>& emit);
 
 json::Value stats_to_json(const ServeStats& stats);
+/// kvserve-once's progress: "document layers: 5/16".
+ProgressLine progress_line(const ServeProgress& progress);
+/// kvserve-once -v: "12 prompt tokens after 4096 cached, 32 generated (eos); first token after
+/// 0.85 s, 23.1 tokens/s".
+std::string summary(const ServeStats& stats);
 
 }  // namespace kv
