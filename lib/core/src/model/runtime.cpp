@@ -7,6 +7,7 @@
 
 #include <torch/types.h>
 #include <torch/utils.h>
+#include <torch/version.h>
 
 #include <malloc.h>
 
@@ -16,19 +17,38 @@ namespace kv {
 
 namespace {
 
+// PyTorch 2.3 made Allocator::allocate non-const and added the pure virtual copy_data
+// (c10/core/Allocator.h); before, allocate was const and there was no copy_data to define.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define KV_TORCH_ALLOCATOR_2_3 1
+#else
+#define KV_TORCH_ALLOCATOR_2_3 0
+#endif
+
 // libtorch's CPU allocator, with large tensors advised to use huge pages (kv/memory.hpp) before
 // anything touches them; the memory and its deleter stay the default allocator's.
 class HugePageAllocator final : public at::Allocator {
   public:
     explicit HugePageAllocator(at::Allocator* base) : base_(base) {}
+    at::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+#if KV_TORCH_ALLOCATOR_2_3
+    at::DataPtr allocate(std::size_t bytes) override {
+        return advised(base_->allocate(bytes), bytes);
+    }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+        base_->copy_data(dest, src, count);
+    }
+#else
     at::DataPtr allocate(std::size_t bytes) const override {
-        at::DataPtr data = base_->allocate(bytes);
+        return advised(base_->allocate(bytes), bytes);
+    }
+#endif
+
+  private:
+    static at::DataPtr advised(at::DataPtr data, std::size_t bytes) {
         if (bytes >= huge_page_worthy_bytes) advise_huge_pages(data.get(), bytes);
         return data;
     }
-    at::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
-
-  private:
     at::Allocator* base_;
 };
 
