@@ -166,6 +166,23 @@ def write_store(path, packets, dtype="f32", filters="zstd", chunk_tokens=4, libv
             f.attrs["dtype"] = "f32"
 
 
+def link_name(ident):
+    """The name of a packet's link under /packet_ids (formats/kvcache.md 6.1)."""
+    if ident == ".":
+        return "%2E"
+    return "".join("%%%02X" % ord(c) if c in "%/" else c for c in ident)
+
+
+def add_packet_ids(f, packets, links=None):
+    """/packet_ids (1.6): a soft link per packet, named by its id, to its group; `links` (name
+    -> target) replaces them."""
+    group = create_group(f, "packet_ids")
+    if links is None:
+        links = {link_name(p["id"]): "/packets/%08d" % i for i, p in enumerate(packets)}
+    for name, target in links.items():
+        group[name] = h5py.SoftLink(target)
+
+
 def add_index(f, ordinal=0, method="mdci", page_sizes=None, layers=None, declare=True):
     """An IceCache index (formats/kvcache.md, 6.5) for a small packet: one segment, one level
     (fewer than 100 tokens), the tokens in pages of 16 in projection order; over `layers` only
@@ -399,6 +416,14 @@ def main():
          [packet("indexed", 18, 11)], root={"format_version": "1.5"},
          hook=lambda f: add_index(f, 0, layers=[1]))
 
+    linked = [packet("doc-%02d" % i, 1 + i % 5, 200 + i) for i in range(9)] + [
+        packet("with/slash", 2, 210), packet("100%", 3, 211), packet(".", 1, 212)]
+    good("0016_packet_ids",
+         "format_version 1.6: /packet_ids, a soft link per packet named by its id ('/' written "
+         "%2F, '%' written %25, the id '.' written %2E) to its group",
+         linked, root={"format_version": "1.6"},
+         hook=lambda f: add_packet_ids(f, linked))
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -415,7 +440,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.5)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.6)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
@@ -557,6 +582,31 @@ def main():
            "*: packet 'indexed': index: its layers do not increase",
            packets=[packet("indexed", 18, 11)], root={"format_version": "1.5"},
            hook=lambda f: add_index(f, 0, layers=[1, 0]))
+
+    pair = two_packets()
+    broken("0031_packet_ids_hard_link",
+           "/packet_ids holds a hard link for 'doc-2' instead of a soft link",
+           "*: packet 'doc-2': its link '/packet_ids/doc-2' is not a soft link",
+           packets=pair, root={"format_version": "1.6"},
+           hook=lambda f: (add_packet_ids(f, pair, {"doc-1": "/packets/00000000"}),
+                           f["packet_ids"].__setitem__("doc-2", f["packets/00000001"])))
+    broken("0032_packet_ids_wrong_group",
+           "the links of 'doc-1' and 'doc-2' lead to each other's group",
+           "*: packet 'doc-1': its link '/packet_ids/doc-1' leads to '/packets/00000001', not "
+           "to '/packets/00000000'",
+           packets=pair, root={"format_version": "1.6"},
+           hook=lambda f: add_packet_ids(f, pair, {"doc-1": "/packets/00000001",
+                                                   "doc-2": "/packets/00000000"}))
+    broken("0033_packet_ids_missing_link", "/packet_ids has no link for 'doc-2'",
+           "*: packet 'doc-2' has no link in '/packet_ids'",
+           packets=pair, root={"format_version": "1.6"},
+           hook=lambda f: add_packet_ids(f, pair, {"doc-1": "/packets/00000000"}))
+    broken("0034_packet_ids_extra_link", "/packet_ids holds a link for no packet",
+           "*: '/packet_ids' holds 3 links for 2 packets",
+           packets=pair, root={"format_version": "1.6"},
+           hook=lambda f: add_packet_ids(f, pair, {"doc-1": "/packets/00000000",
+                                                   "doc-2": "/packets/00000001",
+                                                   "doc-3": "/packets/00000001"}))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

@@ -343,7 +343,14 @@ CheckReport check_cache(const std::filesystem::path& path) {
         return report;
     }
     report.source = reader->source();
-    report.packets = static_cast<int64_t>(reader->packets().size());
+    try {
+        // The directory whole (opening read only its shape), and the links to its packets.
+        report.packets = static_cast<int64_t>(reader->packets().size());
+        reader->check_packet_ids();
+    } catch (const Error& error) {
+        problems.push_back(error.what());
+        return report;
+    }
     const CacheModelInfo& model = reader->model();
     if (reader->has_adapter()) {
         try {

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <unordered_map>
 #include <utility>
@@ -37,8 +38,18 @@ struct CacheReader::State {
     std::string version;
     CacheModelInfo model;
     Provenance provenance;
+    // The directory (section 6.1): every entry once read whole (index_read), else the entries
+    // found through /packet_ids so far (found), with their entry numbers.
+    hsize_t count = 0;
+    bool index_read = false;
     std::vector<PacketInfo> packets;
     std::unordered_map<std::string, std::size_t> by_id;
+    std::unordered_map<std::string, std::pair<PacketInfo, std::size_t>> found;
+    // The index's datasets, kept open for the entries read one at a time, and /packet_ids.
+    struct IndexDatasets {
+        Handle group, id, text_sha256, adapter_fingerprint, logical_length, stored_length,
+            header_tokens, trailer_tokens, packet_ids;
+    } index;
     std::vector<char> image;       // standard input, which the file image views in place
     RawSource raw;                 // the file's bytes, for checks HDF5 does not make
     bool raw_checks = false;       // heap ids can be checked (no user block before the superblock)
@@ -93,7 +104,6 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
         // Now: closing `access` would clear the error stack.
         if (!s.file.valid()) in.fail_hdf5("cannot open the HDF5 file");
     }
-    const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
     const hid_t root = s.file.get();
 
     // Identity and version first: they decide whether anything else can be understood.
@@ -172,59 +182,46 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
     }
 
     {
-        Handle group = in.open_group(root, "packet_index", "/packet_index");
-        const hid_t g = group.get();
-        Handle ids_dataset = in.open_dataset(g, "id", "/packet_index/id");
+        // Only the shape of the directory: its entries are read whole by packets(), or found
+        // one by one through /packet_ids (read_directory, find).
+        State::IndexDatasets& d = s.index;
+        d.group = in.open_group(root, "packet_index", "/packet_index");
+        const hid_t g = d.group.get();
+        d.id = in.open_dataset(g, "id", "/packet_index/id");
         const std::vector<hsize_t> dims =
-            in.dataset_dims(ids_dataset.get(), kv::quoted("/packet_index/id"));
+            in.dataset_dims(d.id.get(), kv::quoted("/packet_index/id"));
         if (dims.size() != 1) in.fail("'/packet_index/id' is not 1-D");
-        const hsize_t count = dims[0];
-        if (count > memory_bytes() / 256)
-            in.fail("the packet index lists " + std::to_string(count) +
+        s.count = dims[0];
+        if (s.count > memory_bytes() / 256)
+            in.fail("the packet index lists " + std::to_string(s.count) +
                     " packets, more than this machine's memory can list");
-        const std::vector<std::string> ids =
-            checked.read_strings(ids_dataset.get(), true, "/packet_index/id", "");
         const std::string length_name = "'/packet_index/id'";
-        auto strings = [&](const char* name) {
-            return checked.string_dataset(g, name, "/packet_index/" + std::string(name), count,
-                                          length_name);
+        // The messages of read_directory's whole reads, for the lengths alone.
+        auto open = [&](const char* name, bool strings) {
+            const std::string what = "/packet_index/" + std::string(name);
+            Handle dataset = in.open_dataset(g, name, what);
+            const std::vector<hsize_t> shape = in.dataset_dims(dataset.get(), kv::quoted(what));
+            if (shape.size() != 1)
+                in.fail(kv::quoted(what) + " has shape " + shape_text(shape) + ", not 1-D");
+            if (shape[0] != s.count)
+                in.fail(kv::quoted(what) + " has " + std::to_string(shape[0]) + " entries, " +
+                        length_name + (strings ? " has " : " is ") + std::to_string(s.count));
+            return dataset;
         };
-        auto integers = [&](const char* name) {
-            return in.integer_dataset(g, name, "/packet_index/" + std::string(name), count,
-                                      length_name);
-        };
-        const std::vector<std::string> hashes = strings("text_sha256");
-        const std::vector<std::string> adapters = strings("adapter_fingerprint");
-        const std::vector<int64_t> logical = integers("logical_length");
-        const std::vector<int64_t> stored = integers("stored_length");
-        const std::vector<int64_t> headers = integers("header_tokens");
-        const std::vector<int64_t> trailers = integers("trailer_tokens");
-        s.packets.reserve(count);
-        for (std::size_t i = 0; i < count; ++i) {
-            PacketInfo info{ids[i],      hashes[i],  logical[i], stored[i],
-                            adapters[i], headers[i], trailers[i]};
-            const std::string what = "packet " + kv::quoted(info.id);
-            if (info.id.empty())
-                in.fail("packet index entry " + std::to_string(i) + " has an empty id");
-            if (!valid_utf8(info.id))
-                in.fail("packet index entry " + std::to_string(i) + " has an id that is not UTF-8");
-            if (info.stored_length < 0)
-                in.fail(what + ": negative stored_length " + std::to_string(info.stored_length));
-            if (info.logical_length < info.stored_length)
-                in.fail(what + ": logical_length " + std::to_string(info.logical_length) +
-                        " is less than stored_length " + std::to_string(info.stored_length));
-            if (info.header_tokens < 0 || info.trailer_tokens < 0 ||
-                info.header_tokens > info.logical_length - info.trailer_tokens)
-                in.fail(what + ": adapter tokens (" + std::to_string(info.header_tokens) + " + " +
-                        std::to_string(info.trailer_tokens) + ") exceed logical_length " +
-                        std::to_string(info.logical_length));
-            const auto [at, inserted] = s.by_id.emplace(info.id, i);
-            if (!inserted)
-                in.fail("duplicate packet id " + kv::quoted(info.id) + " (entries " +
-                        std::to_string(at->second) + " and " + std::to_string(i) + ")");
-            s.packets.push_back(std::move(info));
-        }
-        if (count > 0) in.open_group(root, "packets", "/packets");
+        d.text_sha256 = open("text_sha256", true);
+        d.adapter_fingerprint = open("adapter_fingerprint", true);
+        d.logical_length = open("logical_length", false);
+        d.stored_length = open("stored_length", false);
+        d.header_tokens = open("header_tokens", false);
+        d.trailer_tokens = open("trailer_tokens", false);
+        if (s.count > 0) in.open_group(root, "packets", "/packets");
+        if (H5Lexists(root, "packet_ids", H5P_DEFAULT) > 0)
+            d.packet_ids = in.open_group(root, "packet_ids", "/packet_ids");
+        else
+            H5Eclear2(H5E_DEFAULT);
+        // A file without /packet_ids (before 1.6) has its directory read now, as it always had:
+        // finding an id in it means reading every id anyway.
+        if (!d.packet_ids.valid()) read_directory();
     }
     s.f16_type = make_f16_type();
 }
@@ -232,8 +229,200 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
 CacheReader::~CacheReader() {
     if (!state_) return;
     const Lock lock = lock_hdf5();
+    state_->index = {};
     state_->f16_type.reset();
     state_->file.reset();
+}
+
+namespace {
+
+// The checks section 6.1 asks of every entry, with the messages the whole read has always given.
+void check_entry(const FileReader& in, const PacketInfo& info, std::size_t entry) {
+    const std::string what = "packet " + kv::quoted(info.id);
+    if (info.id.empty())
+        in.fail("packet index entry " + std::to_string(entry) + " has an empty id");
+    if (!valid_utf8(info.id))
+        in.fail("packet index entry " + std::to_string(entry) + " has an id that is not UTF-8");
+    if (info.stored_length < 0)
+        in.fail(what + ": negative stored_length " + std::to_string(info.stored_length));
+    if (info.logical_length < info.stored_length)
+        in.fail(what + ": logical_length " + std::to_string(info.logical_length) +
+                " is less than stored_length " + std::to_string(info.stored_length));
+    if (info.header_tokens < 0 || info.trailer_tokens < 0 ||
+        info.header_tokens > info.logical_length - info.trailer_tokens)
+        in.fail(what + ": adapter tokens (" + std::to_string(info.header_tokens) + " + " +
+                std::to_string(info.trailer_tokens) + ") exceed logical_length " +
+                std::to_string(info.logical_length));
+}
+
+[[noreturn]] void fail_duplicate(const FileReader& in, const std::string& id, std::size_t a,
+                                 std::size_t b) {
+    in.fail("duplicate packet id " + kv::quoted(id) + " (entries " + std::to_string(std::min(a, b)) +
+            " and " + std::to_string(std::max(a, b)) + ")");
+}
+
+// The entry number a /packet_ids link names ("/packets/" and 8 digits), -1 for another value.
+int64_t linked_entry(const std::string& value) {
+    const std::string prefix = "/packets/";
+    if (value.size() != prefix.size() + 8 || value.compare(0, prefix.size(), prefix) != 0)
+        return -1;
+    int64_t entry = 0;
+    for (std::size_t i = prefix.size(); i < value.size(); ++i) {
+        if (value[i] < '0' || value[i] > '9') return -1;
+        entry = entry * 10 + (value[i] - '0');
+    }
+    return entry;
+}
+
+// The value of the soft link `name` of `group`; nullopt when there is no such link. Throws (by
+// `in`) when it is not a soft link.
+std::optional<std::string> soft_link(const FileReader& in, hid_t group, const std::string& name,
+                                     const std::string& what) {
+    const htri_t exists = H5Lexists(group, name.c_str(), H5P_DEFAULT);
+    if (exists <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return std::nullopt;
+    }
+    H5L_info_t info{};
+    if (H5Lget_info(group, name.c_str(), &info, H5P_DEFAULT) < 0)
+        in.fail_hdf5("cannot read " + what);
+    if (info.type != H5L_TYPE_SOFT) in.fail(what + " is not a soft link");
+    if (info.u.val_size == 0 || info.u.val_size > 4096) in.fail(what + " is not a packet's path");
+    std::string value(info.u.val_size, '\0');
+    if (H5Lget_val(group, name.c_str(), value.data(), value.size(), H5P_DEFAULT) < 0)
+        in.fail_hdf5("cannot read " + what);
+    value.resize(std::strlen(value.c_str()));
+    return value;
+}
+
+}  // namespace
+
+void CacheReader::read_directory() const {
+    State& s = *state_;
+    const Lock lock = lock_hdf5();
+    if (s.index_read) return;
+    const FileReader in(s.source);
+    const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
+    const State::IndexDatasets& d = s.index;
+    const std::string length_name = "'/packet_index/id'";
+    auto strings = [&](const Handle& dataset, const char* name) {
+        return checked.read_strings(dataset.get(), true, "/packet_index/" + std::string(name), "");
+    };
+    auto integers = [&](const Handle& dataset, const char* name) {
+        std::vector<int64_t> values(s.count);
+        if (!values.empty() && H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                       H5P_DEFAULT, values.data()) < 0)
+            in.fail_hdf5("cannot read " + kv::quoted("/packet_index/" + std::string(name)));
+        return values;
+    };
+    for (const auto& [dataset, name] :
+         {std::pair<const Handle*, const char*>{&d.logical_length, "logical_length"},
+          {&d.stored_length, "stored_length"},
+          {&d.header_tokens, "header_tokens"},
+          {&d.trailer_tokens, "trailer_tokens"}}) {
+        Handle type(H5Dget_type(dataset->get()), H5Tclose);
+        if (H5Tget_class(type.get()) != H5T_INTEGER)
+            in.fail(kv::quoted("/packet_index/" + std::string(name)) + " is not integer");
+    }
+    const std::vector<std::string> ids = strings(d.id, "id");
+    const std::vector<std::string> hashes = strings(d.text_sha256, "text_sha256");
+    const std::vector<std::string> adapters = strings(d.adapter_fingerprint, "adapter_fingerprint");
+    const std::vector<int64_t> logical = integers(d.logical_length, "logical_length");
+    const std::vector<int64_t> stored = integers(d.stored_length, "stored_length");
+    const std::vector<int64_t> headers = integers(d.header_tokens, "header_tokens");
+    const std::vector<int64_t> trailers = integers(d.trailer_tokens, "trailer_tokens");
+    std::vector<PacketInfo> packets;
+    std::unordered_map<std::string, std::size_t> by_id;
+    packets.reserve(s.count);
+    for (std::size_t i = 0; i < s.count; ++i) {
+        PacketInfo info{ids[i],      hashes[i],  logical[i], stored[i],
+                        adapters[i], headers[i], trailers[i]};
+        check_entry(in, info, i);
+        const auto [at, inserted] = by_id.emplace(info.id, i);
+        if (!inserted) fail_duplicate(in, info.id, at->second, i);
+        packets.push_back(std::move(info));
+    }
+    s.packets = std::move(packets);
+    s.by_id = std::move(by_id);
+    s.found.clear();
+    s.index_read = true;
+}
+
+std::pair<const PacketInfo*, std::size_t> CacheReader::find(const std::string& id) const {
+    State& s = *state_;
+    const Lock lock = lock_hdf5();
+    if (s.index_read) {
+        const auto at = s.by_id.find(id);
+        if (at == s.by_id.end()) return {nullptr, 0};
+        return {&s.packets[at->second], at->second};
+    }
+    if (const auto at = s.found.find(id); at != s.found.end())
+        return {&at->second.first, at->second.second};
+    // One lookup of the packet's link (section 6.1); the group it leads to gives the entry.
+    const FileReader in(s.source);
+    const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
+    const State::IndexDatasets& d = s.index;
+    const std::string link = "/packet_ids/" + packet_link_name(id);
+    const std::string what = "packet " + kv::quoted(id) + ": its link " + kv::quoted(link);
+    const std::optional<std::string> value = soft_link(in, d.packet_ids.get(), packet_link_name(id), what);
+    if (!value) return {nullptr, 0};
+    const int64_t entry = linked_entry(*value);
+    if (entry < 0 || static_cast<hsize_t>(entry) >= s.count)
+        in.fail(what + " leads to " + kv::quoted(*value) + ", not to a packet of the index (" +
+                std::to_string(s.count) + ")");
+    const auto ordinal = static_cast<std::size_t>(entry);
+    Handle group = in.open_group(s.file.get(), *value, *value);
+    const hid_t g = group.get();
+    PacketInfo info;
+    info.id = checked.string_attribute(g, "id", *value);
+    if (info.id != id)
+        in.fail(what + " leads to " + kv::quoted(*value) + ", whose id is " + kv::quoted(info.id));
+    info.logical_length = in.integer_attribute(g, "logical_length", *value);
+    info.stored_length = in.integer_attribute(g, "stored_length", *value);
+    // The optional ones from the group, else from the index entry.
+    auto text = [&](const char* name, const Handle& dataset) {
+        return FileReader::has_attribute(g, name)
+                   ? checked.string_attribute(g, name, *value)
+                   : checked.string_element(dataset.get(), ordinal,
+                                            "/packet_index/" + std::string(name));
+    };
+    auto number = [&](const char* name, const Handle& dataset) {
+        return FileReader::has_attribute(g, name)
+                   ? in.integer_attribute(g, name, *value)
+                   : in.integer_element(dataset.get(), ordinal,
+                                        "/packet_index/" + std::string(name));
+    };
+    info.text_sha256 = text("text_sha256", d.text_sha256);
+    info.adapter_fingerprint = text("adapter_fingerprint", d.adapter_fingerprint);
+    info.header_tokens = number("header_tokens", d.header_tokens);
+    info.trailer_tokens = number("trailer_tokens", d.trailer_tokens);
+    check_entry(in, info, ordinal);
+    const auto at = s.found.emplace(id, std::pair(std::move(info), ordinal)).first;
+    return {&at->second.first, at->second.second};
+}
+
+void CacheReader::check_packet_ids() const {
+    const State& s = *state_;
+    const std::vector<PacketInfo>& all = packets();
+    const Lock lock = lock_hdf5();
+    const hid_t group = s.index.packet_ids.get();
+    if (group < 0) return;
+    const FileReader in(s.source);
+    H5G_info_t info{};
+    if (H5Gget_info(group, &info) < 0) in.fail_hdf5("cannot read '/packet_ids'");
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        const std::string link = "/packet_ids/" + packet_link_name(all[i].id);
+        const std::string what = "packet " + kv::quoted(all[i].id) + ": its link " + kv::quoted(link);
+        const std::optional<std::string> value =
+            soft_link(in, group, packet_link_name(all[i].id), what);
+        if (!value) in.fail("packet " + kv::quoted(all[i].id) + " has no link in '/packet_ids'");
+        if (*value != "/packets/" + packet_group_name(i))
+            in.fail(what + " leads to " + kv::quoted(*value) + ", not to " +
+                    kv::quoted("/packets/" + packet_group_name(i)));
+    }
+    if (info.nlinks != all.size())
+        in.fail("'/packet_ids' holds " + std::to_string(info.nlinks) + " links for " +
+                std::to_string(all.size()) + " packets");
 }
 
 const std::string& CacheReader::source() const {
@@ -249,27 +438,40 @@ const Provenance& CacheReader::provenance() const {
     return state_->provenance;
 }
 const std::vector<PacketInfo>& CacheReader::packets() const {
+    read_directory();
     return state_->packets;
 }
 
 bool CacheReader::has_packet(const std::string& id) const {
-    return state_->by_id.count(id) != 0;
+    return find(id).first != nullptr;
 }
 
 const PacketInfo& CacheReader::packet_info(const std::string& id) const {
-    const auto found = state_->by_id.find(id);
-    if (found == state_->by_id.end()) {
+    return *entry(id).first;
+}
+
+std::pair<const PacketInfo*, std::size_t> CacheReader::entry(const std::string& id) const {
+    const auto found = find(id);
+    if (!found.first) {
+        const State& s = *state_;
         // Name a few of the ids it does hold: the usual cause is a typo or the wrong file.
         std::string held;
-        for (std::size_t i = 0; i < state_->packets.size() && i < 5; ++i)
-            held += (i ? ", " : "") + kv::quoted(state_->packets[i].id);
-        if (state_->packets.size() > 5) held += ", ...";
-        throw FormatError("no packet " + kv::quoted(id) + " in " + state_->source +
+        {
+            const Lock lock = lock_hdf5();
+            const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
+            for (std::size_t i = 0; i < s.count && i < 5; ++i)
+                held += (i ? ", " : "") +
+                        kv::quoted(s.index_read ? s.packets[i].id
+                                                : checked.string_element(s.index.id.get(), i,
+                                                                         "/packet_index/id"));
+        }
+        if (s.count > 5) held += ", ...";
+        throw FormatError("no packet " + kv::quoted(id) + " in " + s.source +
                           (held.empty() ? " (it holds no packet)"
-                                        : " (it holds " + std::to_string(state_->packets.size()) +
-                                              ": " + held + ")"));
+                                        : " (it holds " + std::to_string(s.count) + ": " + held +
+                                              ")"));
     }
-    return state_->packets[found->second];
+    return found;
 }
 
 Packet CacheReader::read(const std::string& id) const {
@@ -287,14 +489,15 @@ Packet CacheReader::read_without_tensors_or_layouts(const std::string& id) const
 DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, int64_t head,
                                          int64_t segment) const {
     const State& s = *state_;
-    const PacketInfo& info = packet_info(id);
+    const auto [found, ordinal] = entry(id);
+    const PacketInfo& info = *found;
     const CacheModelInfo& m = s.model;
     if (layer < 0 || layer >= m.num_layers || head < 0 || head >= m.num_kv_heads || segment < 0)
         throw UsageError("no index layout for layer " + std::to_string(layer) + ", kv-head " +
                          std::to_string(head) + ", segment " + std::to_string(segment) + " in " +
                          s.source);
     const FileReader in(s.source + ": packet " + kv::quoted(id));
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id));
+    const std::string path = "/packets/" + packet_group_name(ordinal);
     const Lock lock = lock_hdf5();
     Handle group = in.open_group(s.file.get(), path, path);
     PacketIndex index = read_index(
@@ -319,8 +522,8 @@ void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receiv
 Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                                 const PlaneReceiver* receive, bool with_layouts) const {
     const State& s = *state_;
-    const PacketInfo& info = packet_info(id);
-    const std::size_t ordinal = s.by_id.at(id);
+    const auto [found, ordinal] = entry(id);
+    const PacketInfo& info = *found;
     const FileReader in(s.source + ": packet " + kv::quoted(id));
     const std::string path = "/packets/" + packet_group_name(ordinal);
     const CacheModelInfo& m = s.model;
@@ -505,8 +708,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
 
 bool CacheReader::packet_has(const std::string& id, const char* child) const {
     const State& s = *state_;
-    packet_info(id);
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/" + child;
+    const std::string path = "/packets/" + packet_group_name(entry(id).second) + "/" + child;
     const Lock lock = lock_hdf5();
     const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
     if (exists < 0) H5Eclear2(H5E_DEFAULT);
@@ -522,7 +724,7 @@ Quantization CacheReader::quantization(const std::string& id) const {
     const Lock lock = lock_hdf5();
     if (!packet_has(id, "quantized")) return {};
     const FileReader in(s.source + ": packet " + kv::quoted(id));
-    const std::string path = "/packets/" + packet_group_name(s.by_id.at(id)) + "/quantized";
+    const std::string path = "/packets/" + packet_group_name(entry(id).second) + "/quantized";
     Handle group = in.open_group(s.file.get(), path, path);
     return read_quantization(in, group.get());
 }

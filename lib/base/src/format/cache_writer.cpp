@@ -108,12 +108,13 @@ struct CacheWriter::State {
     CacheWriteOptions options;
     Handle file;
     Handle packets;
+    Handle packet_ids;     // a soft link per packet, named by its id (section 6.1)
+    Handle link_creation;  // UTF-8 link names
     Handle key_type;  // file datatype of keys and values
     std::vector<PacketInfo> infos;
     std::unordered_set<std::string> ids;
     bool finished = false;
     bool broken = false;  // an HDF5 write failed midway: the file cannot be finished
-    bool has_index = false;
     bool has_ragged = false;
     bool has_quantized = false;
     bool has_index_layers = false;  // an index covers only some layers
@@ -121,6 +122,8 @@ struct CacheWriter::State {
 
     void discard() {  // with the HDF5 lock held
         packets.reset();
+        packet_ids.reset();
+        link_creation.reset();
         key_type.reset();
         file.reset();
         if (!temporary.empty()) ::unlink(temporary.c_str());
@@ -204,7 +207,7 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
         const FileWriter out(s.source);
         const hid_t root = s.file.get();
         out.write_string(root, "format", format_name);
-        // The lowest version that describes the file: 1.0 until a packet brings an index.
+        // finish() writes the version the file ends up needing (section 3.1).
         out.write_string(root, "format_version", std::to_string(format_major) + ".0");
         out.write_string(root, "dtype", cache_dtype_name(model.dtype));
         out.write_integer(root, "keys_after_rope", 1);
@@ -229,6 +232,9 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
             out.write_string(group.get(), "created", provenance.created);
 
         s.packets = out.create_group(root, "packets");
+        s.packet_ids = out.create_group(root, "packet_ids");
+        s.link_creation = Handle(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+        H5Pset_char_encoding(s.link_creation.get(), H5T_CSET_UTF8);
         switch (model.dtype) {
             case CacheDtype::f32:
                 s.key_type = Handle(H5Tcopy(H5T_IEEE_F32LE), H5Tclose);
@@ -311,7 +317,12 @@ void CacheWriter::add(const Packet& packet) {
     const Lock lock = lock_hdf5();
     const FileWriter out(s.source);
     s.broken = true;  // until everything below is written
-    Handle group = out.create_group(s.packets.get(), packet_group_name(s.infos.size()));
+    const std::string group_name = packet_group_name(s.infos.size());
+    Handle group = out.create_group(s.packets.get(), group_name);
+    if (H5Lcreate_soft(("/packets/" + group_name).c_str(), s.packet_ids.get(),
+                       packet_link_name(packet.id).c_str(), s.link_creation.get(),
+                       H5P_DEFAULT) < 0)
+        out.fail_hdf5("cannot link packet " + kv::quoted(packet.id) + " in /packet_ids");
     out.write_string(group.get(), "id", packet.id);
     out.write_string(group.get(), "text_sha256", packet.text_sha256);
     out.write_integer(group.get(), "logical_length", packet.logical_length);
@@ -348,7 +359,6 @@ void CacheWriter::add(const Packet& packet) {
     }
     if (!packet.index.empty()) {
         write_index(out, group.get(), packet.index, m, stored, s.options);
-        s.has_index = true;
         s.has_index_layers = s.has_index_layers || !packet.index.layers.empty();
     }
     s.broken = false;
@@ -402,18 +412,13 @@ void CacheWriter::finish() {
         index.reset();
 
         if (s.adapter) write_adapter(out, s.file.get(), *s.adapter, s.options);
-        const int minor = s.has_index_layers ? index_layers_minor
-                          : s.adapter        ? adapter_minor
-                          : s.has_quantized  ? quantized_minor
-                          : s.has_ragged     ? ragged_minor
-                          : s.has_index      ? index_minor
-                                             : 0;
-        if (minor > 0) {
-            if (H5Adelete(s.file.get(), "format_version") < 0)
-                out.fail_hdf5("cannot update the format version");
-            out.write_string(s.file.get(), "format_version",
-                             std::to_string(format_major) + "." + std::to_string(minor));
-        }
+        // Every file has /packet_ids, the latest addition: the lowest version that describes it
+        // is 1.6, whatever else it holds (an index, per-head tokens, quantised packets, an
+        // adapter and partial indexes came before).
+        if (H5Adelete(s.file.get(), "format_version") < 0)
+            out.fail_hdf5("cannot update the format version");
+        out.write_string(s.file.get(), "format_version",
+                         std::to_string(format_major) + "." + std::to_string(packet_ids_minor));
         std::vector<std::string> features;
         if (s.has_ragged) features.push_back(ragged_feature);
         if (s.has_quantized) features.push_back(quantized_feature);
@@ -422,6 +427,8 @@ void CacheWriter::finish() {
         // Last, so that a file that has it is whole (readers refuse one without it).
         out.write_integer(s.file.get(), "complete", 1);
         s.packets.reset();
+        s.packet_ids.reset();
+        s.link_creation.reset();
         s.key_type.reset();
         if (s.to_stdout) {
             if (H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL) < 0) out.fail_hdf5("cannot flush");

@@ -306,7 +306,8 @@ namespace {
 // `stride` bytes apart, against the collections they name in `source`.
 std::string check_heap_id_bytes(const RawSource& source, const unsigned char* ids,
                                 std::size_t count, std::size_t stride) {
-    std::map<uint64_t, std::map<uint64_t, uint64_t>> collections;  // address -> index -> size
+    constexpr uint64_t none = ~uint64_t{0};
+    std::map<uint64_t, std::vector<uint64_t>>& collections = source.walked_collections;
     for (std::size_t i = 0; i < count; ++i) {
         const unsigned char* p = ids + i * stride;
         const uint64_t length = load_le(p, 4);
@@ -328,15 +329,17 @@ std::string check_heap_id_bytes(const RawSource& source, const unsigned char* id
             std::vector<unsigned char> bytes(static_cast<std::size_t>(size));
             if (!source.read(address, bytes.size(), bytes.data()))
                 return "a global heap collection outside the file";
-            std::map<uint64_t, uint64_t> objects;
+            std::vector<uint64_t> objects;  // indexes have 16 bits
             const std::string problem =
-                walk_collection(bytes.data(), bytes.size(),
-                                [&](uint64_t at, uint64_t object) { objects[at] = object; });
+                walk_collection(bytes.data(), bytes.size(), [&](uint64_t at, uint64_t object) {
+                    if (at >= objects.size()) objects.resize(at + 1, none);
+                    objects[at] = object;
+                });
             if (!problem.empty()) return "corrupt global heap (" + problem + ")";
             found = collections.emplace(address, std::move(objects)).first;
         }
-        const auto object = found->second.find(index);
-        if (object == found->second.end() || object->second != length)
+        if (index >= found->second.size() || found->second[index] == none ||
+            found->second[index] != length)
             return "a string points to a missing or wrong global heap object";
     }
     return "";

@@ -14,7 +14,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace kv {
 
@@ -24,6 +26,11 @@ struct RawSource {
     int fd = -1;
     const std::byte* image = nullptr;
     std::size_t size = 0;  ///< of the image, or of the file
+    /// The global heap collections check_heap_ids has walked (address -> each object's size by
+    /// its index, none for unused indexes), so that strings read one at a time from a long
+    /// dataset (a search of the packet index) walk each collection once, not once per string.
+    /// The bytes of an open file do not change.
+    mutable std::map<uint64_t, std::vector<uint64_t>> walked_collections;
 
     /// Reads exactly `length` bytes at `offset`; false past the end or on error.
     bool read(uint64_t offset, std::size_t length, void* buffer) const;

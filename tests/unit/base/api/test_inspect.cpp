@@ -34,7 +34,7 @@ TEST_CASE("show describes a store from its index", "[inspect]") {
     const kv::CacheReader reader(dir / "a.kvc");
 
     const std::string text = kv::describe_cache_text(reader);
-    CHECK(text.find("format:      kvtools-kvcache 1.0\n") != std::string::npos);
+    CHECK(text.find("format:      kvtools-kvcache 1.6\n") != std::string::npos);
     CHECK(text.find("'models/tiny' LlamaForCausalLM, fingerprint " + std::string(64, 'a')) !=
           std::string::npos);
     CHECK(text.find("dtype:       bf16\n") != std::string::npos);
@@ -43,7 +43,7 @@ TEST_CASE("show describes a store from its index", "[inspect]") {
     CHECK(text.find("dddddddddddd (0+0)") != std::string::npos);
 
     const kv::json::Value json = kv::describe_cache_json(reader);
-    CHECK(json.at("format_version").as_string() == "1.0");
+    CHECK(json.at("format_version").as_string() == "1.6");
     CHECK(json.at("dtype").as_string() == "bf16");
     CHECK(json.at("model").at("num_layers").as_int() == 3);
     CHECK(json.at("model").at("rope_scaling").as_string() == model.rope_scaling);

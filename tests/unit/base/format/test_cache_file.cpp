@@ -86,7 +86,7 @@ TEST_CASE("cache files round-trip every dtype with several packets", "[cache_fil
     write_store(dir / "a.kvc", model, packets, options);
 
     const kv::CacheReader reader(dir / "a.kvc");
-    CHECK(reader.format_version() == "1.0");
+    CHECK(reader.format_version() == "1.6");  // /packet_ids (6.1), in every file
     CHECK(reader.source() == "'" + (dir / "a.kvc").string() + "'");
     const kv::CacheModelInfo& got = reader.model();
     CHECK(got.model_fingerprint == model.model_fingerprint);
@@ -180,7 +180,7 @@ TEST_CASE("index layouts left in the file are read one at a time as read() reads
                       Catch::Contains("no packet 'absent'"));
 }
 
-TEST_CASE("an index over some layers is written as 1.5 with its feature, and read back",
+TEST_CASE("an index over some layers is written with its feature, and read back",
           "[cache_file]") {
     // kvindex --dense-layers / --reuse-layers: the index covers layers 1 and 2 of 3 only.
     kv::test::TempDir dir;
@@ -202,7 +202,7 @@ TEST_CASE("an index over some layers is written as 1.5 with its feature, and rea
     }
     write_store(dir / "a.kvc", model, {packet});
     const kv::CacheReader reader(dir / "a.kvc");
-    CHECK(reader.format_version() == "1.5");
+    CHECK(reader.format_version() == "1.6");  // 1.5 for the feature, 1.6 for /packet_ids
     const kv::Packet read = reader.read("some");
     CHECK(read.index.layers == std::vector<int64_t>{1, 2});
     CHECK_FALSE(read.index.covers(0));
@@ -487,6 +487,7 @@ TEST_CASE("the conformance corpus reads as tests/data/kvcache/expected.tsv says"
                 const kv::Packet packet = reader.read(info.id);
                 CHECK(packet.stored_length() == info.stored_length);
             }
+            reader.check_packet_ids();  // as kvinspect check does
             if (reader.has_adapter()) reader.read_adapter();
         } catch (const kv::FormatError& error) {
             message = error.what();
@@ -560,6 +561,72 @@ TEST_CASE("the corpus files hold what their generator wrote", "[cache_file]") {
                     }
     }
     CHECK_FALSE(quantized.read("plain").quantization.enabled());
+}
+
+TEST_CASE("a packet is found by its link in /packet_ids, without reading the directory",
+          "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    const std::vector<std::string> ids = {"doc-1", "with/slash", "100%", "%2F", ".", "..",
+                                          "naïve ünïcode", "日本語", " "};
+    std::vector<kv::Packet> packets;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+        packets.push_back(make_packet(model, ids[i], 2 + static_cast<int>(i), static_cast<int>(i)));
+    packets[3].header_tokens = 1;  // an entry whose fields are not all the defaults
+    packets[3].adapter_fingerprint = std::string(64, 'c');
+    write_store(dir / "a.kvc", model, packets);
+    {
+        const kv::CacheReader reader(dir / "a.kvc");
+        CHECK(reader.format_version() == "1.6");
+        for (const kv::Packet& packet : packets) {
+            CAPTURE(packet.id);
+            const kv::PacketInfo& info = reader.packet_info(packet.id);
+            CHECK(info.id == packet.id);
+            CHECK(info.stored_length == packet.stored_length());
+            CHECK(info.logical_length == packet.logical_length);
+            CHECK(info.text_sha256 == packet.text_sha256);
+            CHECK(info.header_tokens == packet.header_tokens);
+            CHECK(info.adapter_fingerprint == packet.adapter_fingerprint);
+            check_same_packet(reader.read(packet.id), packet);
+        }
+        CHECK_FALSE(reader.has_packet("absent"));
+        CHECK_FALSE(reader.has_packet("with%2Fslash"));  // the link's name is not an id
+        CHECK_THROWS_WITH(reader.packet_info("absent"),
+                          Catch::Contains("no packet 'absent'") &&
+                              Catch::Contains("(it holds 9: 'doc-1', 'with/slash', '100%', "
+                                              "'%2F', '.', ...)"));
+        CHECK_NOTHROW(reader.check_packet_ids());
+        CHECK(reader.packets().size() == ids.size());  // the directory, read whole after all
+        CHECK(reader.packet_info("..").stored_length == 7);
+    }
+    // The directory is not read for a lookup: a store whose index holds a bad entry elsewhere
+    // is still served by id (the spec lets a lookup leave it unread), and refused whole.
+    const std::filesystem::path corpus = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache";
+    const kv::CacheReader linked(corpus / "good/0016_packet_ids.kvc");
+    CHECK(linked.read("with/slash").stored_length() == 2);
+    CHECK(linked.read("100%").stored_length() == 3);
+    CHECK(linked.read(".").stored_length() == 1);
+    CHECK(linked.packet_info("doc-04").stored_length == 5);
+    for (const auto& [file, id, message] :
+         {std::tuple<const char*, const char*, const char*>{
+              "broken/0031_packet_ids_hard_link.kvc", "doc-2",
+              "packet 'doc-2': its link '/packet_ids/doc-2' is not a soft link"},
+          {"broken/0032_packet_ids_wrong_group.kvc", "doc-1",
+           "packet 'doc-1': its link '/packet_ids/doc-1' leads to '/packets/00000001', whose id "
+           "is 'doc-2'"}}) {
+        CAPTURE(file);
+        const kv::CacheReader reader(corpus / file);
+        CHECK_THROWS_WITH(reader.read(id), Catch::Contains(message));
+    }
+    // A link missing: the packet is not found by id; check names it.
+    const kv::CacheReader missing(corpus / "broken/0033_packet_ids_missing_link.kvc");
+    CHECK_FALSE(missing.has_packet("doc-2"));
+    CHECK_THROWS_WITH(missing.check_packet_ids(),
+                      Catch::Contains("packet 'doc-2' has no link in '/packet_ids'"));
+    // Files before 1.6 have no /packet_ids: their directory is read on opening, as before.
+    const kv::CacheReader older(corpus / "good/0010_many_packets.kvc");
+    CHECK(older.packet_info("with/slash").stored_length > 0);
+    CHECK_NOTHROW(older.check_packet_ids());
 }
 
 TEST_CASE("a cache file lock excludes a second locker and follows replacement", "[cache_file]") {

@@ -1,7 +1,11 @@
 // Reading a kvtools cache file (formats/kvcache.md). Reads are lazy: opening a store reads its
-// directory (the packet index), and a packet's tensors are read only when asked for. "-" reads
-// standard input (into memory, as an HDF5 file image). Every value is checked before it is used,
-// and errors name the file and the packet.
+// attributes and the shape of its directory (the packet index); packets() reads the directory
+// whole, and a packet named by id is found by one lookup of its link in /packet_ids (since 1.6,
+// section 6.1: opening a store and reading a few packets by id take the same time whatever its
+// size; a file without /packet_ids has its directory read on opening, as before).
+// A packet's tensors are read only when asked for. "-" reads standard input (into memory, as an
+// HDF5 file image). Every value is checked before it is used, and errors name the file and the
+// packet.
 #pragma once
 
 #include "kv/packet.hpp"
@@ -13,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kv {
@@ -32,10 +37,16 @@ class CacheReader {
     const std::string& format_version() const;
     const CacheModelInfo& model() const;
     const Provenance& provenance() const;
-    /// In file order (the order packets were added).
+    /// In file order (the order packets were added): the directory, read whole and checked on
+    /// the first call.
     const std::vector<PacketInfo>& packets() const;
-    const PacketInfo& packet_info(const std::string& id) const;  ///< throws Error naming the id
+    /// One entry, found through /packet_ids unless the directory was read whole; throws
+    /// FormatError naming the id (and a few that the file holds) when there is none.
+    const PacketInfo& packet_info(const std::string& id) const;
     bool has_packet(const std::string& id) const;
+    /// Throws FormatError unless /packet_ids (when the file has it) holds a link for every
+    /// packet, to its group, and no other (kvinspect check; reads the directory whole).
+    void check_packet_ids() const;
 
     /// Reads one packet with its tensors, verifying checksums and shapes.
     Packet read(const std::string& id) const;
@@ -72,6 +83,12 @@ class CacheReader {
 
   private:
     bool packet_has(const std::string& id, const char* child) const;  ///< a group or dataset
+    /// Reads and checks the whole directory (once).
+    void read_directory() const;
+    /// The entry of `id` and its number, {nullptr, 0} when there is none.
+    std::pair<const PacketInfo*, std::size_t> find(const std::string& id) const;
+    /// find(), throwing FormatError naming the id when there is none.
+    std::pair<const PacketInfo*, std::size_t> entry(const std::string& id) const;
     Packet read_packet(const std::string& id, bool with_tensors, const PlaneReceiver* receive,
                        bool with_layouts = true) const;
 
