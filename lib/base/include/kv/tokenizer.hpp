@@ -109,7 +109,8 @@ class TextStreamer {
 };
 
 /// Loads a tokenizer from a model directory (tokenizer.json preferred, else tokenizer.model), a
-/// tokenizer.json file, a sentencepiece .model file or a llama2.c tok*.bin file. Beside a
+/// tokenizer.json file, a sentencepiece .model file, a GGUF model file (its tokenizer.ggml.*
+/// metadata: "llama" and "gpt2" models) or a llama2.c tok*.bin file. Beside a
 /// tokenizer.json or tokenizer.model, tokenizer_config.json, config.json and
 /// generation_config.json are read when present for BOS, EOS, add_bos and the end tokens.
 /// Throws kv::IoError, kv::FormatError or kv::UnsupportedError naming the file.

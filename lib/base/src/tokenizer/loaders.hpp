@@ -37,5 +37,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::filesystem::path& p
                                                   std::string bytes, const ModelConfigs& configs);
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& path, std::string bytes,
                                               const ModelConfigs& configs);
+/// The tokenizer in a GGUF file's metadata (gguf_tokenizer.cpp).
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path);
 
 }  // namespace kv::tokenizer_detail

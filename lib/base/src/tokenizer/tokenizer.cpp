@@ -7,6 +7,7 @@
 
 #include "../utf8.hpp"
 #include "kv/error.hpp"
+#include "kv/gguf.hpp"
 #include "kv/sha256.hpp"
 #include "loaders.hpp"
 
@@ -209,6 +210,8 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
         throw IoError("no tokenizer.json or tokenizer.model in " + kv::quoted(path.string()));
     }
 
+    // A GGUF model file carries its tokenizer in its metadata; it is mapped, not read whole.
+    if (is_gguf_file(path)) return load_gguf_tokenizer(path);
     std::string bytes = read_file(path);
     std::string name = path.filename().string();
     std::string extension = path.extension().string();
