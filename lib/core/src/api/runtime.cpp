@@ -1,6 +1,7 @@
 #include "runtime.hpp"
 
 #include "kv/error.hpp"
+#include "kv/gguf.hpp"
 #include "kv/json.hpp"
 #include "kv/model/packets.hpp"
 #include "kv/rope.hpp"
@@ -10,7 +11,9 @@ namespace {
 
 std::filesystem::path tokenizer_path_for(const RuntimeOptions& options) {
     if (options.tokenizer) return *options.tokenizer;
-    if (std::filesystem::is_directory(options.model)) return options.model;
+    // A folder holds its tokenizer's files, a GGUF file its tokenizer's metadata.
+    if (std::filesystem::is_directory(options.model) || is_gguf_file(options.model))
+        return options.model;
     const std::filesystem::path beside = options.model.parent_path() / "tokenizer.bin";
     if (std::filesystem::exists(beside)) return beside;
     throw UsageError(

@@ -3,6 +3,7 @@
 #include "kv/model/row_chooser.hpp"
 
 #include "kv/error.hpp"
+#include "kv/gguf.hpp"
 #include "kv/sha256.hpp"
 
 #include <torch/cuda.h>
@@ -156,6 +157,7 @@ LoadedWeights load_weights(const std::filesystem::path& path) {
     if (error || !std::filesystem::exists(status))
         throw IoError("cannot open model " + quoted(path.string()) + ": No such file or directory");
     if (std::filesystem::is_directory(status)) return load_hf_folder(path);
+    if (is_gguf_file(path)) return load_gguf_model(path);
     return load_llama2c_checkpoint(path);
 }
 
@@ -176,6 +178,7 @@ std::shared_ptr<Model> Model::from_weights(LoadedWeights loaded, torch::ScalarTy
     model->dtype_ = dtype;
     model->device_ = device;
     model->source_ = loaded.source;
+    model->chat_template_ = loaded.chat_template;
     WeightPlacer place(loaded.weights, loaded.source, dtype, device, copy_weights);
 
     const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim, kv_dim = c.kv_dim();

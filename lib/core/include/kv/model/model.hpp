@@ -1,5 +1,5 @@
-// The Llama-family decoder on libtorch: loading (Hugging Face folders, llama2.c checkpoints),
-// the forward pass over a KvCache, and the logits.
+// The Llama-family decoder on libtorch: loading (Hugging Face folders, GGUF files, llama2.c
+// checkpoints), the forward pass over a KvCache, and the logits.
 //
 // One implementation serves every supported architecture; ModelConfig's flags select q/k/v
 // biases, Qwen3's per-head q/k norm, the RoPE layout and scaling, tied embeddings and GQA.
@@ -39,7 +39,7 @@ class QueryObserver {
 };
 
 struct ModelLoadOptions {
-    std::filesystem::path path;  ///< a Hugging Face folder or a llama2.c checkpoint file
+    std::filesystem::path path;  ///< a Hugging Face folder, a GGUF file or a llama2.c checkpoint
     std::string dtype =
         "auto";  ///< "auto" (the model's own; f32 for llama2.c), "f32", "bf16", "f16"
     std::string device = "auto";  ///< "auto" (cuda when available), "cpu", "cuda", "cuda:N"
@@ -57,6 +57,9 @@ struct LoadedWeights {
     ModelConfig config;
     WeightMap weights;
     std::string source;  ///< what to name in messages
+    /// A GGUF file's tokenizer.chat_template (Jinja), "" where the file has none; a Hugging Face
+    /// folder's is in its tokenizer_config.json.
+    std::string chat_template;
 };
 
 /// Reads a llama2.c checkpoint (legacy v0 header or the versioned v1 header).
@@ -64,7 +67,12 @@ LoadedWeights load_llama2c_checkpoint(const std::filesystem::path& path);
 /// Reads a Hugging Face folder: config.json and model.safetensors, or the shards listed in
 /// model.safetensors.index.json.
 LoadedWeights load_hf_folder(const std::filesystem::path& folder);
-/// Dispatches on the path: a folder is Hugging Face, a file is llama2.c.
+/// Reads a GGUF file (llama, qwen2, qwen3; F32, F16, BF16 and Q8_0 tensors, Q8_0 dequantised to
+/// float32); its weights are renamed and reordered as the Hugging Face folder it was converted
+/// from holds them (kv/gguf.hpp).
+LoadedWeights load_gguf_model(const std::filesystem::path& path);
+/// Dispatches on the path: a folder is Hugging Face, a file starting with GGUF's magic is GGUF,
+/// any other file is llama2.c.
 LoadedWeights load_weights(const std::filesystem::path& path);
 /// The fingerprint of weights as stored (see Model::fingerprint).
 std::string fingerprint_weights(const LoadedWeights& loaded);
@@ -88,6 +96,8 @@ class Model {
     torch::Device device() const { return device_; }
     const Rope& rope() const { return rope_; }
     const std::string& source() const { return source_; }
+    /// The chat template the model file carries (a GGUF file's tokenizer.chat_template), or "".
+    const std::string& chat_template() const { return chat_template_; }
     /// Hex SHA-256 over the config, every weight's name, dtype and shape, and the first 64 KiB of
     /// each weight's stored bytes: cheap to compute, and different for a fine-tune of the same
     /// base. Caches record it so that a cache baked with another model is refused.
@@ -187,6 +197,7 @@ class Model {
     torch::Device device_ = torch::kCPU;
     std::string source_;
     std::string fingerprint_;
+    std::string chat_template_;
     torch::Tensor embed_tokens_, final_norm_, lm_head_;
     std::vector<Layer> layers_;
 };
