@@ -1,5 +1,6 @@
 #include "kv/api/train.hpp"
 
+#include "kv/api/chat.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_writer.hpp"
 #include "kv/json.hpp"
@@ -289,6 +290,21 @@ TrainReport train_adapter(const TrainOptions& options) {
     const Tokenizer& tokenizer = *runtime.tokenizer;
     const int64_t context_limit = model.config().max_position_embeddings;
 
+    // KV Packet's preamble: BOS alone, or the chat template's start (and the end of the user's
+    // turn after each question).
+    std::vector<int32_t> preamble;
+    std::string text_before, question_tail;
+    if (options.chat_preamble) {
+        const ChatPreambleTokens chat = chat_preamble_tokens(
+            model_chat_template(options.model, options.tokenizer, std::nullopt, "--chat-preamble"),
+            tokenizer, options.system);
+        preamble = chat.before;
+        text_before = chat.text.before;
+        question_tail = chat.text.after;
+    } else if (tokenizer.add_bos() && tokenizer.bos_id() >= 0) {
+        preamble.push_back(tokenizer.bos_id());
+    }
+
     // The settings a checkpoint must share to be resumed.
     json::Value settings = json::Value::object();
     settings.set("data_sha256", data_sha256);
@@ -300,6 +316,15 @@ TrainReport train_adapter(const TrainOptions& options) {
     settings.set("answer_stop", options.answer_stop == AnswerStop::eos ? "eos" : "newline");
     settings.set("teacher_top_k", options.teacher_top_k);
     settings.set("seed", static_cast<int64_t>(options.seed));
+    if (options.chat_preamble) {
+        // the preamble as the template rendered it: another template or system message is
+        // another training (and the adapter file says which it was trained with)
+        json::Value chat = json::Value::object();
+        chat.set("system", options.system);
+        chat.set("before", text_before);
+        chat.set("after", question_tail);
+        settings.set("chat_preamble", std::move(chat));
+    }
 
     Adapter adapter;
     int64_t step = 0;
@@ -334,9 +359,6 @@ TrainReport train_adapter(const TrainOptions& options) {
 
     TrainReport report;
     report.samples = static_cast<int64_t>(samples.size());
-    const bool with_bos = tokenizer.add_bos() && tokenizer.bos_id() >= 0;
-    std::vector<int32_t> preamble;
-    if (with_bos) preamble.push_back(tokenizer.bos_id());
 
     // Tokenize, and answer each sample from the whole context (once; kept in the teacher file).
     const std::filesystem::path teacher_path =
@@ -362,7 +384,7 @@ TrainReport train_adapter(const TrainOptions& options) {
             // only in how the documents see each other.
             prompt.insert(prompt.end(), item.documents.back().begin(), item.documents.back().end());
         }
-        item.question = tokenizer.encode(samples[i].question);
+        item.question = tokenizer.encode(samples[i].question + question_tail);
         prompt.insert(prompt.end(), item.question.begin(), item.question.end());
         const int64_t wrapped = static_cast<int64_t>(prompt.size()) +
                                 static_cast<int64_t>(item.documents.size()) *

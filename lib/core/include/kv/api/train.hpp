@@ -73,6 +73,13 @@ struct TrainOptions {
     std::string device = "auto";
     std::string dtype = "auto";
     bool use_mmap = false;
+    /// KV Packet's preamble from the model's chat template (kvtrain --chat-preamble): the
+    /// template's start (BOS where it writes one, the system turn with `system`, the opening of
+    /// the user's turn) before the packets instead of BOS alone, and the end of the user's turn
+    /// with the generation prompt after the question, as the paper trains. Recorded in the
+    /// adapter's training settings, so that --resume keeps it.
+    bool chat_preamble = false;
+    std::string system;  ///< with chat_preamble: a system message ("" for none)
     Provenance provenance;
     std::function<void(const TrainProgress&)> progress;
 };
