@@ -13,8 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <charconv>
+#include <cmath>
 #include <ctime>
 #include <iostream>
+#include <map>
+#include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -33,7 +38,101 @@ void report(const std::string& name, const std::string& message) {
     std::fprintf(stderr, "%s: error: %s\n", name.c_str(), message.c_str());
 }
 
+// What runs once an app (or subcommand) is parsed: CLI11 keeps one callback per app, and several
+// option groups need one (the quantisation options, the environment's defaults).
+void after_parse(CLI::App& app, std::function<void()> action) {
+    static std::map<CLI::App*, std::vector<std::function<void()>>> actions;
+    auto& list = actions[&app];
+    list.push_back(std::move(action));
+    if (list.size() == 1)
+        app.final_callback([&list] {
+            for (const auto& run : list)
+                run();
+        });
+}
+
+std::string with_thousands(int64_t value) {
+    const std::string digits = std::to_string(value < 0 ? -(value + 1) + uint64_t{1} : value);
+    std::string out;
+    for (std::size_t i = 0; i < digits.size(); ++i) {
+        if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+        out += digits[i];
+    }
+    return value < 0 ? "-" + out : out;
+}
+
+std::string whole_range_text(int64_t min, int64_t max, const std::string& note) {
+    const std::string range = max == INT64_MAX ? "a whole number, " + with_thousands(min) + " or more"
+                                               : "a whole number from " + with_thousands(min) +
+                                                     " to " + with_thousands(max);
+    return range + (note.empty() ? "" : " (" + note + ")");
+}
+
+// "" or what is wrong with `text` as a whole number in [min, max].
+std::string whole_problem(const std::string& text, int64_t min, int64_t max,
+                          const std::string& note) {
+    int64_t value = 0;
+    const char* end = text.data() + text.size();
+    const auto [stop, error] = std::from_chars(text.data(), end, value);
+    const bool digits_only = !text.empty() && stop == end &&
+                             text.find_first_not_of("-0123456789") == std::string::npos;
+    if (!digits_only && error != std::errc::result_out_of_range)
+        return kv::quoted(text) + " is not a whole number: give " +
+               whole_range_text(min, max, note);
+    if (error == std::errc::result_out_of_range || value < min || value > max)
+        return (error == std::errc{} ? with_thousands(value) : kv::quoted(text)) +
+               " is out of range: give " + whole_range_text(min, max, note);
+    return "";
+}
+
+std::string real_text(double value) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", value);
+    return text;
+}
+
+std::string real_problem(const std::string& text, double min, double max, bool below_max,
+                         const std::string& note) {
+    const std::string range = (std::isinf(max) ? "a number, " + real_text(min) + " or more"
+                                               : "a number from " + real_text(min) +
+                                                     (below_max ? " to just under " : " to ") +
+                                                     real_text(max)) +
+                              (note.empty() ? "" : " (" + note + ")");
+    char* end = nullptr;
+    errno = 0;
+    const double value = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])) ||
+        !std::isfinite(value))
+        return kv::quoted(text) + " is not a number: give " + range;
+    if (value < min || value > max || (below_max && value >= max))
+        return text + " is out of range: give " + range;
+    return "";
+}
+
 }  // namespace
+
+CLI::Validator whole_number(int64_t min, int64_t max, const std::string& note) {
+    const std::string description = max == INT64_MAX ? (min == 0   ? "NONNEGATIVE"
+                                                        : min == 1 ? "POSITIVE"
+                                                                   : ">= " + std::to_string(min))
+                                                     : "INT in [" + std::to_string(min) + " - " +
+                                                           std::to_string(max) + "]";
+    return CLI::Validator(
+        [min, max, note](std::string& text) { return whole_problem(text, min, max, note); },
+        description);
+}
+
+CLI::Validator real_number(double min, double max, bool below_max, const std::string& note) {
+    const std::string description =
+        "FLOAT in [" + real_text(min) + " - " + real_text(max) + (below_max ? ")" : "]");
+    return CLI::Validator(
+        [=](std::string& text) { return real_problem(text, min, max, below_max, note); },
+        description);
+}
+
+int thread_limit() {
+    return static_cast<int>(std::max(16u, 8 * std::thread::hardware_concurrency()));
+}
 
 void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
     auto* model = app.add_option("-m,--model", options.model,
@@ -46,7 +145,7 @@ void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
 void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report) {
     app.add_option("--zstd-level", write.zstd_level, "zstd level of the stored tensors (0: none)")
         ->default_val(3)
-        ->check(CLI::Range(0, 19));
+        ->check(whole_number(0, 19));
     app.add_flag("-f,--force", write.force, "Write binary cache data even to a terminal");
     app.add_flag("--json", json_report,
                  "Print the report as JSON: on stdout, or on stderr when stdout carries the cache");
@@ -67,14 +166,14 @@ void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& jso
     app.add_option("--quant-group", raw->group,
                    "head_dim values sharing one scale and offset (divides head_dim)")
         ->default_val(32)
-        ->check(CLI::PositiveNumber)
+        ->check(whole_number(1, 65536))
         ->group(group);
     app.add_option("--residual-tokens", raw->residual,
                    "Last tokens of each head kept unquantised (default: 0 for int8, 128 for int4)")
-        ->check(CLI::NonNegativeNumber)
+        ->check(whole_number(0))
         ->group(group);
     CLI::App* command = &app;
-    app.final_callback([raw, &write, command] {
+    after_parse(app, [raw, &write, command] {
         if (raw->name.empty()) {
             if (command->count("--quant-group") || command->count("--residual-tokens"))
                 throw CLI::ValidationError("--quant-group and --residual-tokens need --quantize");
@@ -97,24 +196,60 @@ void write_report(const json::Value& report, const std::string& output, int inde
         write_stdout(text);
 }
 
+// The environment gives an option its value when the command line does not (CLI11's envname
+// would blame the option for the variable's bad value): checked by `problem` ("" or why not),
+// named in the message.
+void environment_default(CLI::App& app, CLI::Option* option, const char* variable,
+                         std::function<std::string(const std::string&)> problem,
+                         std::function<void(const std::string&)> assign) {
+    after_parse(app, [option, variable, problem, assign] {
+        const char* value = std::getenv(variable);
+        if (option->count() > 0 || value == nullptr || *value == '\0') return;
+        const std::string why = problem(value);
+        if (!why.empty())
+            throw CLI::ValidationError(std::string(variable) + " (the default of " +
+                                           option->get_name() + ")",
+                                       why);
+        assign(value);
+    });
+}
+
 void add_threads_option(CLI::App& app, int& threads) {
-    app.add_option("-t,--threads", threads, "CPU threads (0: one per core)")
-        ->envname("KV_THREADS")
-        ->check(CLI::NonNegativeNumber)
-        ->default_val(0);
+    const int limit = thread_limit();
+    const std::string note = "0: one per core; at most 8 per core of this machine's " +
+                             std::to_string(std::thread::hardware_concurrency());
+    auto* option = app.add_option("-t,--threads", threads,
+                                  "CPU threads (0: one per core; environment: KV_THREADS)")
+                       ->check(whole_number(0, limit, note))
+                       ->default_val(0);
+    environment_default(
+        app, option, "KV_THREADS",
+        [limit, note](const std::string& text) { return whole_problem(text, 0, limit, note); },
+        [&threads](const std::string& text) { threads = std::stoi(text); });
 }
 
 void add_compute_options(CLI::App& app, ComputeOptions& options) {
     add_threads_option(app, options.threads);
-    app.add_option("--device", options.device,
-                   "auto, cpu, cuda or cuda:N (auto: cuda when available)")
-        ->envname("KV_DEVICE")
-        ->default_val("auto");
-    app.add_option("--dtype", options.dtype,
-                   "auto, f32, bf16 or f16 (auto: the model's own; f32 for llama2.c)")
-        ->envname("KV_DTYPE")
-        ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
-        ->default_val("auto");
+    auto* device = app.add_option("--device", options.device,
+                                  "auto, cpu, cuda or cuda:N (auto: cuda when available; "
+                                  "environment: KV_DEVICE)")
+                       ->default_val("auto");
+    environment_default(
+        app, device, "KV_DEVICE", [](const std::string&) { return std::string(); },
+        [&options](const std::string& text) { options.device = text; });
+    auto* dtype = app.add_option("--dtype", options.dtype,
+                                 "auto, f32, bf16 or f16 (auto: the model's own; f32 for "
+                                 "llama2.c; environment: KV_DTYPE)")
+                      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16"}))
+                      ->default_val("auto");
+    environment_default(
+        app, dtype, "KV_DTYPE",
+        [](const std::string& text) {
+            return text == "auto" || text == "f32" || text == "bf16" || text == "f16"
+                       ? std::string()
+                       : kv::quoted(text) + " is not one of auto, f32, bf16, f16";
+        },
+        [&options](const std::string& text) { options.dtype = text; });
     app.add_flag(
         "--mmap", options.mmap,
         "Read weights in place from the mapped file instead of copying them (instant load, "
@@ -125,39 +260,45 @@ void add_compression_options(CLI::App& app, CompressionSettings& settings) {
     const std::string group = "Compression";
     app.add_option("--ratio", settings.ratio,
                    "Fraction of each head's tokens pruned, in [0, 1) (kvpress's compression_ratio)")
+        ->check(real_number(0, 1, true))
         ->group(group);
     app.add_option("--keep-tokens", settings.keep_tokens,
                    "Tokens each head keeps, instead of --ratio")
+        ->check(whole_number(1))
         ->group(group);
     app.add_flag("--keep-adapters", settings.keep_adapters,
                  "Never prune a packet's header and trailer adapter tokens")
         ->group(group);
     app.add_option("--seed", settings.seed, "Seed of random's scores and leverage's sketch")
         ->default_val(0)
+        ->check(whole_number(0))
         ->group(group);
-    // The rules' parameters, each with kvpress's default.
+    // The rules' parameters, each with kvpress's default; what they allocate grows with them
+    // (the rules check that it fits memory).
     const struct {
         const char* name;
         int64_t CompressionSettings::*field;
         int64_t default_value;
+        int64_t min, max;
         const char* help;
     } parameters[] = {
-        {"--sinks", &CompressionSettings::sinks, 4,
+        {"--sinks", &CompressionSettings::sinks, 4, 0, int64_t{1} << 30,
          "streaming, expected, cur: first tokens always kept"},
-        {"--window-size", &CompressionSettings::window_size, 64,
+        {"--window-size", &CompressionSettings::window_size, 64, 1, 65536,
          "snapkv: last queries whose attention scores the others"},
-        {"--kernel-size", &CompressionSettings::kernel_size, 5,
+        {"--kernel-size", &CompressionSettings::kernel_size, 5, 1, 1001,
          "snapkv: width of the average pooling of its scores (odd)"},
-        {"--future-positions", &CompressionSettings::future_positions, 512,
+        {"--future-positions", &CompressionSettings::future_positions, 512, 1, 1 << 20,
          "expected: positions its query statistics are rotated over"},
-        {"--sketch-dimension", &CompressionSettings::sketch_dimension, 48,
+        {"--sketch-dimension", &CompressionSettings::sketch_dimension, 48, 1, 65536,
          "leverage: width of the Gaussian sketch of the keys"},
-        {"--local-window", &CompressionSettings::local_window, 16,
+        {"--local-window", &CompressionSettings::local_window, 16, 1, int64_t{1} << 30,
          "cur: norms are normalised inside windows of this many tokens"},
     };
     for (const auto& parameter : parameters)
         app.add_option(parameter.name, settings.*parameter.field, parameter.help)
             ->default_val(parameter.default_value)
+            ->check(whole_number(parameter.min, parameter.max))
             ->group(group);
 }
 
@@ -251,16 +392,28 @@ Provenance provenance(const std::string& tool, int argc, char** argv) {
         result.command_line += (i ? " " : "") + argument;
     }
     // SOURCE_DATE_EPOCH (reproducible-builds.org) pins the time; KV_NO_TIMESTAMP omits it.
+    // The format's time is ISO 8601 with a four-digit year: up to 9999-12-31T23:59:59Z.
     const char* epoch = std::getenv("SOURCE_DATE_EPOCH");
     if (!std::getenv("KV_NO_TIMESTAMP")) {
-        char* end = nullptr;
-        const long long pinned = epoch && *epoch ? std::strtoll(epoch, &end, 10) : -1;
-        if (epoch && *epoch && (*end != '\0' || pinned < 0))
-            throw UsageError("SOURCE_DATE_EPOCH must be a number of seconds, not '" +
-                             std::string(epoch) + "'");
+        constexpr long long latest = 253402300799;
+        long long pinned = -1;
+        if (epoch && *epoch) {
+            const std::string text = epoch;
+            const bool digits = text.size() <= 12 && text.find_first_not_of("0123456789") ==
+                                                         std::string::npos;
+            if (digits) pinned = std::stoll(text);
+            if (!digits || pinned > latest)
+                throw UsageError("SOURCE_DATE_EPOCH must be a whole number of seconds from 0 to " +
+                                 std::to_string(latest) + " (9999-12-31T23:59:59Z), not " +
+                                 kv::quoted(text));
+        }
         const std::time_t now = pinned >= 0 ? static_cast<std::time_t>(pinned) : std::time(nullptr);
+        std::tm parts{};
         char text[32];
-        std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+        if (!::gmtime_r(&now, &parts) ||
+            std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &parts) == 0)
+            throw IoError("cannot write the time " + std::to_string(static_cast<long long>(now)) +
+                          " as a date (the clock is out of range)");
         result.created = text;
     }
     return result;

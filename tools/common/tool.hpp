@@ -24,6 +24,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 
 #include <string>
@@ -54,9 +55,20 @@ struct Verbosity {
     bool verbose = false;
 };
 
+/// Range checks for numeric options, with messages in plain numbers that name the option:
+/// "--batch-size: 0 is out of range: give a whole number from 1 to 65536". `max` of INT64_MAX
+/// reads "or more"; `note` is added in parentheses (what 0 means, say).
+CLI::Validator whole_number(int64_t min, int64_t max = INT64_MAX, const std::string& note = "");
+/// A number, not NaN nor infinite, in [min, max] (`below_max`: [min, max)).
+CLI::Validator real_number(double min, double max, bool below_max = false,
+                           const std::string& note = "");
+/// The most threads -t/--threads and KV_THREADS take: 8 per core of this machine, at least 16.
+int thread_limit();
+
 /// -m/--model (required when `required`) and --tokenizer.
 void add_model_options(CLI::App& app, ModelOptions& options, bool required = true);
-/// -t/--threads alone, for tools that run no model (environment: KV_THREADS).
+/// -t/--threads alone, for tools that run no model (environment: KV_THREADS, checked as the
+/// option is and named in its messages).
 void add_threads_option(CLI::App& app, int& threads);
 /// -t/--threads, --device, --dtype, --mmap (environment: KV_THREADS, KV_DEVICE, KV_DTYPE).
 void add_compute_options(CLI::App& app, ComputeOptions& options);

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
         app.add_option("--batch-tokens", options.batch_tokens,
                        "Most tokens per forward pass; shorter documents are packed together")
             ->default_val(512)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 16384));
         app.add_flag("--keep-going", options.keep_going,
                      "Skip bad documents (unreadable, malformed, not UTF-8, empty, duplicate, too "
                      "long), list them on stderr, and bake the rest");

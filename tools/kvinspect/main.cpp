@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
         diff->add_option("--tol", tolerance,
                          "Largest absolute difference still counted as equal (0: exact)")
             ->default_val(0)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::real_number(0, HUGE_VAL));
         diff->add_option("--packet", packet, "Compare only the packet with this id");
         diff->add_flag("-q,--quiet", quiet, "Print nothing; only the exit code tells");
 
@@ -130,7 +131,7 @@ int main(int argc, char** argv) {
         merge->add_option("-o,--output", output, "Output file ('-': standard output)")->required();
         merge->add_option("--zstd-level", zstd_level, "zstd level of the output, 0 for none")
             ->default_val(3)
-            ->check(CLI::Range(0, 22));
+            ->check(kv::cli::whole_number(0, 22));
         merge->add_flag("--force", force, "Write binary data even to a terminal");
         kv::cli::add_verbose_option(*merge, verbosity);
 

@@ -38,23 +38,24 @@ int main(int argc, char** argv) {
             ->excludes("--cache");
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0, 1 << 30, "generation stops at the model's context"));
         app.add_option("--temp", options.sampling.temperature,
                        "Sampling temperature; 0 is greedy and deterministic")
             ->default_val(0.8)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::real_number(0, 1000));
         app.add_option("--top-p", options.sampling.top_p,
                        "Nucleus sampling: keep the most likely tokens up to this mass")
             ->default_val(0.95)
-            ->check(CLI::Range(0.0, 1.0));
+            ->check(kv::cli::real_number(0, 1));
         app.add_option("--seed", seed,
-                       "Random seed for sampling (default: drawn, reported by --stats)");
+                       "Random seed for sampling (default: drawn, reported by --stats)")
+            ->check(kv::cli::whole_number(0));
         app.add_flag("--echo", options.echo, "Print the prompt before the continuation");
         app.add_flag("--ignore-eos", options.ignore_eos, "Do not stop at end-of-generation tokens");
         app.add_flag("--no-bos", no_bos, "Do not start the prompt with the BOS token");
         app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
             ->default_val(512)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 16384));
         std::string methods_help = "Decoding attention:";
         std::vector<std::string> method_names;
         for (const kv::SparseMethodInfo& method : kv::sparse_methods()) {
@@ -69,19 +70,19 @@ int main(int argc, char** argv) {
                        "sink, window and retrieved pages (64: 16 + 16 + 2 pages of 16; 256: 32 + "
                        "32 + 12 pages)")
             ->default_val(256)
-            ->check(CLI::Range(64, 1 << 30));
+            ->check(kv::cli::whole_number(64, 1 << 30));
         app.add_option("--dense-layers", options.attention.dense_layers,
                        "The first layers attend to every token")
             ->default_val(2)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0, 1 << 24));
         app.add_option("--reuse-layers", options.attention.reuse_layers,
                        "Consecutive sparse layers sharing one choice of pages (IceCache(r): 3)")
             ->default_val(1)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 1 << 24));
         app.add_option("--field-of-view", options.attention.field_of_view,
                        "IceCache: index points kept per level (0: max(tokens / 1000, 30))")
             ->default_val(0)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0, 1 << 30));
         app.add_flag("--sparse-prompt", options.sparse_prompt,
                      "Feed the prompt one token at a time through the sparse attention too, so "
                      "that no step reads the cached context densely");
@@ -107,11 +108,11 @@ int main(int argc, char** argv) {
         app.add_option("--recompute-ratio", options.recompute.ratio,
                        "cacheblend: the share of packet tokens recomputed after layer 1")
             ->default_val(0.3)
-            ->check(CLI::Range(0.0, 1.0));
+            ->check(kv::cli::real_number(0, 1));
         app.add_option("--recompute-tokens", options.recompute.tokens,
                        "epic: tokens recomputed at the start of each packet")
             ->default_val(32)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0, 1 << 30));
         app.add_option("--stats", stats_path,
                        "Write timings as JSON to FILE ('-': standard error, since standard output "
                        "carries the text)");

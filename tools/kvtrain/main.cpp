@@ -22,25 +22,25 @@ int main(int argc, char** argv) {
             ->required();
         app.add_option("--header", options.header_tokens, "Soft tokens before each document")
             ->default_val(8)
-            ->check(CLI::Range(0, 4096));
+            ->check(kv::cli::whole_number(0, 4096));
         app.add_option("--trailer", options.trailer_tokens, "Soft tokens after each document")
             ->default_val(8)
-            ->check(CLI::Range(0, 4096));
+            ->check(kv::cli::whole_number(0, 4096));
         app.add_option("--epochs", options.epochs, "Passes over the samples")
             ->default_val(30)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 1000000));
         app.add_option("--lr", options.learning_rate,
                        "Peak learning rate of AdamW, decayed linearly to 0")
             ->default_val(5e-4)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::real_number(1e-12, 10));
         app.add_option("--batch", options.batch,
                        "Samples per optimizer step (gradients summed over them)")
             ->default_val(64)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 1 << 20));
         app.add_option("--answer-tokens", options.answer_tokens,
                        "Most tokens of the teacher's answer")
             ->default_val(32)
-            ->check(CLI::PositiveNumber);
+            ->check(kv::cli::whole_number(1, 4096));
         app.add_option("--answer-stop", answer_stop,
                        "Where the teacher's answer ends (the stop token included): at the end of "
                        "generation (eos) or at the first token with a newline (newline)")
@@ -50,22 +50,23 @@ int main(int argc, char** argv) {
                        "Teacher log-probabilities kept per answer token, the rest pooled in one "
                        "bucket (0: the whole vocabulary)")
             ->default_val(64)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0, 1 << 24));
         app.add_option("--teacher-file", teacher_file,
                        "Where the teacher's answers are kept and reused (default: OUTPUT.teacher)");
         app.add_option("--seed", options.seed, "Seed of the initialisation and the sample order")
-            ->default_val(42);
+            ->default_val(42)
+            ->check(kv::cli::whole_number(0));
         app.add_option("--checkpoint-every", options.checkpoint_every,
                        "Optimizer steps between checkpoints written to OUTPUT (0: only at the end)")
             ->default_val(10)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0));
         app.add_flag("--resume", options.resume,
                      "Continue from the checkpoint at OUTPUT (same data and settings)");
         app.add_option("--max-steps", options.max_steps,
                        "Stop after this many optimizer steps of this run (0: to the end); "
                        "--resume continues")
             ->default_val(0)
-            ->check(CLI::NonNegativeNumber);
+            ->check(kv::cli::whole_number(0));
         app.add_flag("--json", json_report, "Print a JSON report on stdout");
         kv::cli::add_compute_options(app, compute);
         kv::cli::add_verbosity_options(app, verbosity);

@@ -1,6 +1,7 @@
 #include "kv/mapped_file.hpp"
 
 #include "kv/error.hpp"
+#include "kv/output_path.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +10,6 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <utility>
 
 namespace kv {
@@ -97,32 +97,37 @@ std::string read_standard_input() {
 }
 
 void write_file_atomic(const std::filesystem::path& path, const void* data, std::size_t size) {
-    const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-    std::random_device entropy;
-    const std::filesystem::path temporary =
-        directory / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-" +
-                     std::to_string(entropy()));
-    FileDescriptor fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (fd.get() < 0)
-        throw IoError("cannot create " + quoted(temporary.string()) + ": " + system_reason());
+    const OutputPath output(path);
+    const auto* bytes = static_cast<const char*>(data);
+    auto write_all = [&](int fd) {
+        for (std::size_t written = 0; written < size;) {
+            const ssize_t n = ::write(fd, bytes + written, size - written);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                return false;
+            }
+            written += static_cast<std::size_t>(n);
+        }
+        return true;
+    };
+    if (output.standard_output() || output.stream()) {  // written in place
+        FileDescriptor fd(output.standard_output() ? ::dup(STDOUT_FILENO) : output.open_stream());
+        if (fd.get() < 0 || !write_all(fd.get()) || ::close(fd.release()) != 0)
+            throw IoError("cannot write " + output.name() + ": " + system_reason());
+        return;
+    }
+    const std::filesystem::path temporary = output.create_temporary();
+    FileDescriptor fd(::open(temporary.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC));
     auto fail = [&](const std::string& what) {
         const std::string reason = system_reason();
         ::unlink(temporary.c_str());
-        throw IoError("cannot " + what + " " + quoted(path.string()) + ": " + reason);
+        throw IoError("cannot " + what + " " + output.name() + ": " + reason);
     };
-    const auto* bytes = static_cast<const char*>(data);
-    std::size_t written = 0;
-    while (written < size) {
-        const ssize_t n = ::write(fd.get(), bytes + written, size - written);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            fail("write");
-        }
-        written += static_cast<std::size_t>(n);
-    }
+    if (fd.get() < 0) fail("create");
+    if (!write_all(fd.get())) fail("write");
     if (::fsync(fd.get()) != 0) fail("sync");
     if (::close(fd.release()) != 0) fail("close");
-    if (::rename(temporary.c_str(), path.c_str()) != 0) fail("rename onto");
+    output.commit(temporary);
 }
 
 }  // namespace kv

@@ -4,17 +4,67 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
 #include <unistd.h>
 
 namespace kv {
+
+std::size_t physical_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return SIZE_MAX;
+    return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+}
+
+void require_disk_space(double bytes, const std::filesystem::path& folder,
+                        const std::string& what) {
+    std::filesystem::path where = folder;
+    if (where.empty()) {
+        const char* temporary = std::getenv("TMPDIR");
+        where = temporary && *temporary ? temporary : "/tmp";
+    }
+    struct statvfs info {};
+    if (::statvfs(where.c_str(), &info) != 0) return;  // the file's creation will say why
+    const double free = static_cast<double>(info.f_bavail) * static_cast<double>(info.f_frsize);
+    if (bytes >= 0 && bytes <= free) return;
+    throw Error(what + " would need " +
+                (bytes < 0 || bytes > 1e30 ? std::string("more bytes than can be counted")
+                                           : human_size(bytes)) +
+                ", more than the " + human_size(free) + " free in " + kv::quoted(where.string()));
+}
+
+std::string human_size(double bytes) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int unit = 0;
+    while (bytes >= 1024 && unit < 6) {
+        bytes /= 1024;
+        ++unit;
+    }
+    char text[48];
+    if (unit == 0)
+        std::snprintf(text, sizeof text, "%.0f B", bytes);
+    else
+        std::snprintf(text, sizeof text, bytes >= 1e6 ? "%.3g %s" : "%.1f %s", bytes, units[unit]);
+    return text;
+}
+
+void require_memory(double bytes, const std::string& what) {
+    const auto memory = static_cast<double>(physical_memory_bytes());
+    if (bytes >= 0 && bytes <= memory) return;
+    throw Error(what + " would need " +
+                (bytes < 0 || bytes > 1e30 ? std::string("more bytes than can be counted")
+                                           : human_size(bytes)) +
+                ", more than this machine's " + human_size(memory) + " of memory");
+}
 
 void advise_huge_pages(void* data, std::size_t bytes) {
 #ifdef MADV_HUGEPAGE

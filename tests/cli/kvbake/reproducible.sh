@@ -18,3 +18,9 @@ for run in 1 2; do
 done | uniq | wc -l
 SOURCE_DATE_EPOCH=yesterday kvbake -m "$demo" -q docs.jsonl -o three.kvc
 echo "exit $?"
+# The latest time a four-digit year can write, and beyond (gmtime fails, or the year overflows).
+SOURCE_DATE_EPOCH=253402300799 kvbake -m "$demo" -q docs.jsonl -o four.kvc && kvinspect show four.kvc | grep -o '9999-[0-9T:-]*Z'
+for epoch in 253402300800 99999999999999999999 -1 +5 ' 5'; do
+    SOURCE_DATE_EPOCH=$epoch kvbake -m "$demo" -q docs.jsonl -o five.kvc 2>&1 | sed 's/, not .*//'
+    echo "exit ${PIPESTATUS[0]}"
+done

@@ -39,3 +39,20 @@ TEST_CASE("huge pages are only a hint", "[memory]") {
     std::getline(setting, modes);
     if (modes.empty()) WARN("transparent huge pages are not available here: the hint does nothing");
 }
+
+TEST_CASE("sizes that cannot fit fail before allocating, saying how much", "[memory]") {
+    CHECK(kv::human_size(96) == "96 B");
+    CHECK(kv::human_size(512.0 * 1024 * 1024) == "512.0 MiB");
+    CHECK_NOTHROW(kv::require_memory(4096, "a buffer"));
+    const double memory = static_cast<double>(kv::physical_memory_bytes());
+    CHECK_THROWS_WITH(kv::require_memory(4 * memory, "a KV cache of 9 tokens"),
+                      Catch::StartsWith("a KV cache of 9 tokens would need ") &&
+                          Catch::Contains("more than this machine's"));
+    // A size that overflowed when computed (-1) is refused, not taken for a small one.
+    CHECK_THROWS_WITH(kv::require_memory(-1, "x"),
+                      Catch::Contains("more bytes than can be counted"));
+    CHECK_NOTHROW(kv::require_disk_space(1, "", "a file"));
+    CHECK_THROWS_WITH(kv::require_disk_space(1e40, "", "a file"),
+                      Catch::Contains("more bytes than can be counted") &&
+                          Catch::Contains(" free in "));
+}

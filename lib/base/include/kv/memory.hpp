@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace kv {
@@ -58,6 +59,18 @@ class FileArena {
     std::vector<std::span<std::byte>> mappings_;
     mutable std::mutex mutex_;
 };
+
+/// This machine's physical memory in bytes (the most any allocation could get).
+std::size_t physical_memory_bytes();
+/// "12.0 GiB", "512 MiB", "96 B".
+std::string human_size(double bytes);
+/// Throws Error before an allocation of `bytes` that cannot fit this machine's memory:
+/// "WHAT would need 12.0 GiB, more than this machine's 7.6 GiB of memory". `bytes` of -1 (or
+/// anything past SIZE_MAX) stands for a size that overflowed when computed.
+void require_memory(double bytes, const std::string& what);
+/// The same for a file of `bytes` in `folder` (empty: $TMPDIR, else /tmp), against the space
+/// free there.
+void require_disk_space(double bytes, const std::filesystem::path& folder, const std::string& what);
 
 /// vector.resize(count) for a vector about to receive a large read: the storage is reserved
 /// and advised before resize touches it.

@@ -4,6 +4,7 @@
 #include "kv/error.hpp"
 #include "kv/float_convert.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "kv/output_path.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace kv {
 namespace {
@@ -129,34 +131,41 @@ std::string describe_non_finite(const std::vector<std::byte>& bytes, const Cache
            ")";
 }
 
-// Where export writes: a temporary file renamed into place by commit(), or standard output.
+// Where export writes (kv/output_path.hpp): a temporary file renamed into place by commit(), or
+// in place to standard output, a device or a FIFO.
 class OutputFile {
   public:
-    OutputFile(const std::filesystem::path& path, bool force) : path_(path) {
-        if (path == "-") {
+    OutputFile(const std::filesystem::path& path, bool force) : output_(path) {
+        if (output_.standard_output()) {
             if (!force && ::isatty(STDOUT_FILENO))
                 throw UsageError(
                     "refusing to write binary data to a terminal (use -o FILE, or --force)");
             std::fflush(stdout);
             fd_ = STDOUT_FILENO;
-            name_ = "standard output";
             return;
         }
-        name_ = kv::quoted(path.string());
-        const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-        temporary_ =
-            directory / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                         "-" + std::to_string(std::random_device{}()));
-        fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (output_.stream()) {
+            fd_ = output_.open_stream();
+            if (!force && ::isatty(fd_)) {
+                ::close(fd_);
+                throw UsageError(
+                    "refusing to write binary data to a terminal (use -o FILE, or --force)");
+            }
+            return;
+        }
+        temporary_ = output_.create_temporary();
+        fd_ = ::open(temporary_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
         if (fd_ < 0) {
             const std::string reason = std::strerror(errno);
+            ::unlink(temporary_.c_str());
             temporary_.clear();
-            throw IoError("cannot create " + name_ + ": " + reason);
+            throw IoError("cannot create " + output_.name() + ": " + reason);
         }
     }
     OutputFile(const OutputFile&) = delete;
     OutputFile& operator=(const OutputFile&) = delete;
     ~OutputFile() {
+        if (output_.stream() && fd_ >= 0) ::close(fd_);
         if (temporary_.empty()) return;
         ::close(fd_);
         ::unlink(temporary_.c_str());
@@ -168,7 +177,7 @@ class OutputFile {
             const ssize_t n = ::write(fd_, bytes, size);
             if (n < 0) {
                 if (errno == EINTR) continue;
-                throw IoError("cannot write " + name_ + ": " + std::strerror(errno));
+                throw IoError("cannot write " + output_.name() + ": " + std::strerror(errno));
             }
             bytes += n;
             size -= static_cast<std::size_t>(n);
@@ -176,21 +185,25 @@ class OutputFile {
     }
 
     void commit() {
+        if (output_.stream()) {
+            const int fd = std::exchange(fd_, -1);
+            if (::close(fd) != 0)
+                throw IoError("cannot write " + output_.name() + ": " + std::strerror(errno));
+            return;
+        }
         if (temporary_.empty()) return;
-        if (::fsync(fd_) != 0 || ::close(fd_) != 0 ||
-            ::rename(temporary_.c_str(), path_.c_str()) != 0) {
+        if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
             const std::string reason = std::strerror(errno);
             ::unlink(temporary_.c_str());
             temporary_.clear();
-            throw IoError("cannot write " + name_ + ": " + reason);
+            throw IoError("cannot write " + output_.name() + ": " + reason);
         }
-        temporary_.clear();
+        output_.commit(std::exchange(temporary_, {}));
     }
 
   private:
-    std::filesystem::path path_;
+    OutputPath output_;
     std::filesystem::path temporary_;
-    std::string name_;
     int fd_ = -1;
 };
 

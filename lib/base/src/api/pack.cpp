@@ -5,12 +5,14 @@
 #include "kv/error.hpp"
 #include "kv/format/cache_store.hpp"
 #include "kv/format/cache_writer.hpp"
+#include "kv/output_path.hpp"
 #include "kv/rope.hpp"
 #include "kv/sha256.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 
@@ -82,7 +84,7 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
 
     Packet out;
     out.id = id;
-    int64_t total_stored = 0;
+    int64_t total_stored = 0, logical_total = 0;
     for (const Packet& packet : packets) {
         const std::size_t expected =
             planes * static_cast<std::size_t>(packet.stored_length()) * row_bytes;
@@ -99,6 +101,11 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
         else
             check_same_adapter(out.adapter_fingerprint, packet);
         total_stored += packet.stored_length();
+        if (packet.logical_length > std::numeric_limits<int64_t>::max() - logical_total)
+            throw FormatError("packet " + kv::quoted(packet.id) + " (logical_length " +
+                              std::to_string(packet.logical_length) +
+                              ") makes the context longer than 2^63 - 1 tokens");
+        logical_total += packet.logical_length;
     }
     // Slots each (layer, kv head) uses, per part: all of them unless the part keeps tokens per
     // head (formats/kvcache.md 6.3). The context's heads then hold their parts' used slots one
@@ -165,7 +172,7 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
                 out.positions.push_back(position + offset);
         }
         parts_hash.update(packet.text_sha256 + "\n");
-        offset += packet.logical_length;
+        offset += packet.logical_length;  // checked above: the lengths' sum fits
     }
     out.logical_length = offset;
     out.text_sha256 = parts_hash.hex();
@@ -183,6 +190,12 @@ PackReport pack_caches(const PackOptions& options) {
     for (const CacheSelection& selection : selections)
         stdin_inputs += selection.file == "-";
     if (stdin_inputs > 1) throw UsageError("standard input ('-') can be read only once");
+    {
+        std::vector<std::filesystem::path> files;
+        for (const CacheSelection& selection : selections)
+            files.push_back(selection.file);
+        refuse_output_among_inputs(options.output, files);
+    }
 
     // Each file is opened once, whatever number of its packets are named.
     std::map<std::filesystem::path, std::unique_ptr<CacheReader>> readers;
@@ -209,12 +222,21 @@ PackReport pack_caches(const PackOptions& options) {
         for (const std::string& id : ids) {
             packets.push_back(reader->read(id));
             const Packet& packet = packets.back();
+            if (packet.logical_length > std::numeric_limits<int64_t>::max() - report.logical_length)
+                throw FormatError(reader->source() + ": packet " + kv::quoted(id) +
+                                  " (logical_length " + std::to_string(packet.logical_length) +
+                                  ") makes the context longer than 2^63 - 1 tokens");
             report.parts.push_back({selection.file.string(), id, report.logical_length,
                                     packet.logical_length, packet.stored_length()});
             report.logical_length += packet.logical_length;
             report.stored_length += packet.stored_length();
             report.bytes_read += static_cast<int64_t>(packet.keys.size() + packet.values.size());
         }
+    }
+    try {
+        rope_settings(first->model());  // what the rotation needs, named with its file
+    } catch (const FormatError& error) {
+        throw FormatError(first->source() + ": cannot rotate its keys: " + error.what());
     }
     const Packet context = pack_packets(packets, first->model(), options.id);
     report.indexed = !context.index.empty();

@@ -8,6 +8,7 @@
 #include "kv/format/quantize.hpp"
 #include "kv/mapped_file.hpp"
 #include "kv/memory.hpp"
+#include "packet_rules.hpp"
 #include "quantized_codec.hpp"
 #include "spec.hpp"
 
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -107,7 +109,7 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
     const hid_t root = s.file.get();
 
     // Identity and version first: they decide whether anything else can be understood.
-    if (!FileReader::has_attribute(root, "format"))
+    if (!FileReader::has_attribute(root, "format", s.source))
         in.fail("not a kvtools cache (no 'format' attribute)");
     const std::string format = in.string_attribute(root, "format", "/");
     if (format != format_name)
@@ -137,7 +139,7 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
         in.fail("requires " + std::string(unknown.size() == 1 ? "feature " : "features ") + list +
                 ", which this reader does not implement");
     }
-    if (!FileReader::has_attribute(root, "complete") ||
+    if (!FileReader::has_attribute(root, "complete", s.source) ||
         in.integer_attribute(root, "complete", "/") != 1)
         in.fail("incomplete file (no 'complete' mark): its writer did not finish");
     const std::string dtype = in.string_attribute(root, "dtype", "/");
@@ -171,6 +173,15 @@ CacheReader::CacheReader(const std::filesystem::path& path) : state_(std::make_u
               {"head_dim", m.head_dim}})
             if (value <= 0 || value > (int64_t{1} << 24))
                 in.fail("invalid " + std::string(name) + " " + std::to_string(value));
+        // What every consumer that rotates keys relies on (section 4.1).
+        if (m.rope_layout != "half_split" && m.rope_layout != "interleaved")
+            in.fail("unknown rope_layout " + kv::quoted(m.rope_layout) +
+                    " (expected half_split or interleaved)");
+        if (!(m.rope_theta > 0) || !std::isfinite(m.rope_theta))
+            in.fail("rope_theta " + number_text(m.rope_theta) + " is not a positive number");
+        if (m.head_dim % 2 != 0)
+            in.fail("head_dim " + std::to_string(m.head_dim) +
+                    " is odd (RoPE rotates pairs of dimensions)");
     }
     {
         Handle group = in.open_group(root, "provenance", "/provenance");
@@ -512,6 +523,12 @@ DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, i
                 list += (list.empty() ? "" : ", ") + std::to_string(covered);
             return list;
         }() + ")");
+    const std::string problem = index_layout_problem(
+        index.layouts.front(), index.segments.at(static_cast<std::size_t>(segment)).count,
+        index.page_size);
+    if (!problem.empty())
+        in.fail("invalid index of layer " + std::to_string(layer) + ", kv-head " +
+                std::to_string(head) + ", segment " + std::to_string(segment) + ": " + problem);
     return std::move(index.layouts.front());
 }
 
@@ -703,6 +720,30 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
     if (!packet.index.layers.empty() && !s.index_layers_declared)
         in.fail("has an index over some layers only but the file does not list the feature " +
                 kv::quoted(index_layers_feature));
+    // What decoding and packing rely on (packet_rules.hpp).
+    if (!packet.ragged()) {
+        const std::string problem = positions_problem(packet.positions);
+        if (!problem.empty()) in.fail(problem);
+    }
+    if (!packet.index.empty()) {
+        std::string problem = index_segments_problem(packet.index, packet.positions);
+        if (!problem.empty()) in.fail("invalid index: " + problem);
+        const std::size_t segments = packet.index.segments.size();
+        for (std::size_t i = 0; i < packet.index.layouts.size(); ++i) {
+            const std::size_t row = i / segments / static_cast<std::size_t>(m.num_kv_heads);
+            problem = index_layout_problem(packet.index.layouts[i],
+                                           packet.index.segments[i % segments].count,
+                                           packet.index.page_size);
+            if (!problem.empty())
+                in.fail("invalid index of layer " +
+                        std::to_string(packet.index.layers.empty()
+                                           ? static_cast<int64_t>(row)
+                                           : packet.index.layers.at(row)) +
+                        ", kv-head " +
+                        std::to_string(i / segments % static_cast<std::size_t>(m.num_kv_heads)) +
+                        ", segment " + std::to_string(i % segments) + ": " + problem);
+        }
+    }
     return packet;
 }
 

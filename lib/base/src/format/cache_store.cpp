@@ -3,6 +3,7 @@
 #include "hdf5_file.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "kv/output_path.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -13,6 +14,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 namespace kv {
@@ -25,9 +27,34 @@ MergeReport merge_cache_files(const std::vector<std::filesystem::path>& inputs,
     if (inputs.empty()) throw UsageError("nothing to merge: no input files");
     if (std::count(inputs.begin(), inputs.end(), std::filesystem::path("-")) > 1)
         throw UsageError("standard input ('-') can be read only once");
+    // The output may be one of the inputs (adding a shard to a store): a rewrite in place, under
+    // the lock kvbake --append takes, held until the new file is in place.
+    std::optional<CacheFileLock> lock;
+    for (const std::filesystem::path& input : inputs)
+        if (!lock && same_file(input, output)) {
+            if (input == "-" || output == "-")
+                throw UsageError("standard input and standard output are the same file: write "
+                                 "the merged store to another file");
+            lock.emplace(input);
+        }
     std::vector<std::unique_ptr<CacheReader>> readers;
     for (const std::filesystem::path& input : inputs)
         readers.push_back(std::make_unique<CacheReader>(input));
+    // A file holds at most one adapter: the inputs' adapters are kept when they are one.
+    const CacheReader* with_adapter = nullptr;
+    std::optional<Adapter> adapter;
+    for (const auto& reader : readers) {
+        if (!reader->has_adapter()) continue;
+        Adapter found = reader->read_adapter();
+        if (adapter && found.fingerprint() != adapter->fingerprint())
+            throw MismatchError("cannot merge: " + with_adapter->source() + " and " +
+                                reader->source() +
+                                " hold different adapters, and a file holds at most one");
+        if (!adapter) {
+            adapter = std::move(found);
+            with_adapter = reader.get();
+        }
+    }
 
     const CacheReader& first = *readers.front();
     std::unordered_map<std::string, const CacheReader*> owner;
@@ -50,6 +77,7 @@ MergeReport merge_cache_files(const std::vector<std::filesystem::path>& inputs,
     }
 
     CacheWriter writer(output, first.model(), provenance, options);
+    if (adapter) writer.set_adapter(*adapter);
     MergeReport report;
     report.files = static_cast<int64_t>(readers.size());
     for (const auto& reader : readers)

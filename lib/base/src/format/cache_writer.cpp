@@ -6,6 +6,8 @@
 #include "index_codec.hpp"
 #include "kv/error.hpp"
 #include "kv/format/quantize.hpp"
+#include "kv/output_path.hpp"
+#include "packet_rules.hpp"
 #include "quantized_codec.hpp"
 #include "spec.hpp"
 
@@ -102,7 +104,9 @@ struct CacheWriter::State {
     std::filesystem::path path;
     std::string source;  // quoted, for messages
     bool to_stdout = false;
-    std::filesystem::path temporary;  // the file being written (empty for stdout)
+    std::optional<OutputPath> output;  // where the file goes (not for stdout)
+    bool in_memory = false;  // built as an image: standard output, a device or a FIFO
+    std::filesystem::path temporary;  // the file being written (empty when in memory)
     CacheModelInfo model;
     Provenance provenance;
     CacheWriteOptions options;
@@ -155,6 +159,9 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
     if (s.to_stdout && !options.force && ::isatty(STDOUT_FILENO))
         throw UsageError(
             "refusing to write binary cache data to a terminal (use -o FILE, or --force)");
+    if (!s.to_stdout) s.output.emplace(path);
+    // HDF5 seeks: a device or a FIFO gets the file's image, as standard output does.
+    s.in_memory = s.to_stdout || s.output->stream();
 
     const Lock lock = lock_hdf5();
     Handle access(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
@@ -165,7 +172,7 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
     // The root group is created with the file: its times come from the file creation list.
     Handle creation(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
     H5Pset_obj_track_times(creation.get(), false);
-    if (s.to_stdout) {
+    if (s.in_memory) {
         H5Pset_fapl_core(access.get(), 1 << 20, false);
         // The core driver tells files apart by name: each image gets its own.
         static int64_t images = 0;
@@ -176,21 +183,9 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
         if (!s.file.valid())
             throw IoError("cannot create an in-memory cache file: " + hdf5_error_detail());
     } else {
-        std::error_code error;
-        if (std::filesystem::is_directory(path, error))
-            throw IoError("cannot write " + s.source + ": Is a directory");
-        const std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
-        std::random_device entropy;
-        s.temporary = directory / ("." + path.filename().string() + ".tmp-" +
-                                   std::to_string(::getpid()) + "-" + std::to_string(entropy()));
-        // Create it ourselves first: the system's reason reads better than HDF5's.
-        const int fd = ::open(s.temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            const std::string reason = system_reason();
-            s.temporary.clear();
-            throw IoError("cannot create " + s.source + ": " + reason);
-        }
-        ::close(fd);
+        // Created by us first (with the mode and owner of the file it replaces): the system's
+        // reason reads better than HDF5's.
+        s.temporary = s.output->create_temporary();
 #if H5_VERSION_GE(1, 10, 7)
         H5Pset_file_locking(access.get(), false, true);
 #endif
@@ -300,7 +295,20 @@ void CacheWriter::add(const Packet& packet) {
                               std::to_string(stored) + " x " + std::to_string(m.head_dim) + " " +
                               cache_dtype_name(m.dtype) + ")");
 
-    if (!packet.index.empty()) check_index(packet.index, m, stored, what);
+    if (!packet.index.empty()) {
+        check_index(packet.index, m, stored, what);
+        std::string problem = index_segments_problem(packet.index, packet.positions);
+        for (std::size_t i = 0; problem.empty() && i < packet.index.layouts.size(); ++i)
+            problem = index_layout_problem(
+                packet.index.layouts[i],
+                packet.index.segments[i % packet.index.segments.size()].count,
+                packet.index.page_size);
+        if (!problem.empty()) throw FormatError(what + ": invalid index: " + problem);
+    }
+    if (!packet.ragged()) {
+        const std::string problem = positions_problem(packet.positions);
+        if (!problem.empty()) throw FormatError(what + ": " + problem);
+    }
     if (packet.ragged()) {
         const std::string problem = ragged_problem(packet, m.num_layers, m.num_kv_heads);
         if (!problem.empty()) throw FormatError(what + ": " + problem);
@@ -430,7 +438,7 @@ void CacheWriter::finish() {
         s.packet_ids.reset();
         s.link_creation.reset();
         s.key_type.reset();
-        if (s.to_stdout) {
+        if (s.in_memory) {
             if (H5Fflush(s.file.get(), H5F_SCOPE_GLOBAL) < 0) out.fail_hdf5("cannot flush");
             const ssize_t size = H5Fget_file_image(s.file.get(), nullptr, 0);
             if (size < 0) out.fail_hdf5("cannot get the file image");
@@ -451,6 +459,22 @@ void CacheWriter::finish() {
         write_all(STDOUT_FILENO, image.data(), image.size(), "to standard output");
         return;
     }
+    if (s.in_memory) {  // a device or a FIFO, written in place
+        const int fd = s.output->open_stream();
+        if (!s.options.force && ::isatty(fd)) {
+            ::close(fd);
+            throw UsageError(
+                "refusing to write binary cache data to a terminal (use -o FILE, or --force)");
+        }
+        try {
+            write_all(fd, image.data(), image.size(), s.source);
+        } catch (...) {
+            ::close(fd);
+            throw;
+        }
+        if (::close(fd) != 0) throw IoError("cannot write " + s.source + ": " + system_reason());
+        return;
+    }
     const int fd = ::open(s.temporary.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0 || ::fsync(fd) != 0) {
         const std::string reason = system_reason();
@@ -459,29 +483,8 @@ void CacheWriter::finish() {
         throw IoError("cannot sync " + s.source + ": " + reason);
     }
     ::close(fd);
-    if (s.options.no_replace) {
-        // link() fails with EEXIST where rename() would replace: the first writer wins.
-        if (::link(s.temporary.c_str(), s.path.c_str()) != 0) {
-            const std::string reason =
-                errno == EEXIST ? "another process created it meanwhile; run again to append to it"
-                                : system_reason();
-            s.discard();
-            throw IoError("cannot create " + s.source + ": " + reason);
-        }
-        ::unlink(s.temporary.c_str());
-    } else if (::rename(s.temporary.c_str(), s.path.c_str()) != 0) {
-        const std::string reason = system_reason();
-        s.discard();
-        throw IoError("cannot rename onto " + s.source + ": " + reason);
-    }
-    s.temporary.clear();
-    // Make the rename itself durable.
-    const std::filesystem::path directory = s.path.has_parent_path() ? s.path.parent_path() : ".";
-    const int dir = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir >= 0) {
-        ::fsync(dir);
-        ::close(dir);
-    }
+    const std::filesystem::path temporary = std::exchange(s.temporary, {});
+    s.output->commit(temporary, s.options.no_replace);
 }
 
 }  // namespace kv

@@ -97,34 +97,37 @@ class FileReader {
     }
 
     Handle open_group(hid_t parent, const std::string& name, const std::string& where) const {
-        if (H5Lexists(parent, name.c_str(), H5P_DEFAULT) <= 0) {
-            H5Eclear2(H5E_DEFAULT);
-            fail("missing required group " + kv::quoted(where));
-        }
+        const htri_t exists = H5Lexists(parent, name.c_str(), H5P_DEFAULT);
+        if (exists < 0) fail_hdf5("cannot open group " + kv::quoted(where));
+        if (exists == 0) fail("missing required group " + kv::quoted(where));
         Handle group(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), H5Gclose);
         if (!group.valid()) fail_hdf5("cannot open group " + kv::quoted(where));
         return group;
     }
 
     Handle open_dataset(hid_t parent, const std::string& name, const std::string& where) const {
-        if (H5Lexists(parent, name.c_str(), H5P_DEFAULT) <= 0) {
-            H5Eclear2(H5E_DEFAULT);
-            fail("missing required dataset " + kv::quoted(where));
-        }
+        const htri_t exists = H5Lexists(parent, name.c_str(), H5P_DEFAULT);
+        if (exists < 0) fail_hdf5("cannot open dataset " + kv::quoted(where));
+        if (exists == 0) fail("missing required dataset " + kv::quoted(where));
         Handle dataset(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose);
         if (!dataset.valid()) fail_hdf5("cannot open dataset " + kv::quoted(where));
         return dataset;
     }
 
-    static bool has_attribute(hid_t object, const char* name) {
+    // Whether `object` has the attribute. When HDF5 cannot tell (the object's attribute storage
+    // is corrupt), FormatError naming `source`: "missing" would mislead.
+    static bool has_attribute(hid_t object, const char* name, const std::string& source = "") {
         const htri_t exists = H5Aexists(object, name);
-        if (exists < 0) H5Eclear2(H5E_DEFAULT);
+        if (exists < 0)
+            throw FormatError((source.empty() ? "" : source + ": ") + "cannot read attribute " +
+                              kv::quoted(name) + ": " + hdf5_error_detail());
         return exists > 0;
     }
+    bool has(hid_t object, const char* name) const { return has_attribute(object, name, source_); }
 
     // Opens an attribute that must hold exactly one element (scalar or one-element 1-D).
     Handle open_scalar_attribute(hid_t object, const char* name, const std::string& where) const {
-        if (!has_attribute(object, name))
+        if (!has(object, name))
             fail("missing required attribute " + kv::quoted(name) + " of " + kv::quoted(where));
         Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
         if (!attribute.valid()) fail_hdf5("cannot open attribute " + kv::quoted(name));
@@ -142,7 +145,7 @@ class FileReader {
     }
     std::string string_attribute_or(hid_t object, const char* name, const std::string& where,
                                     const std::string& fallback) const {
-        return has_attribute(object, name) ? string_attribute(object, name, where) : fallback;
+        return has(object, name) ? string_attribute(object, name, where) : fallback;
     }
 
     int64_t integer_attribute(hid_t object, const char* name, const std::string& where) const {
@@ -158,7 +161,7 @@ class FileReader {
     }
     int64_t integer_attribute_or(hid_t object, const char* name, const std::string& where,
                                  int64_t fallback) const {
-        return has_attribute(object, name) ? integer_attribute(object, name, where) : fallback;
+        return has(object, name) ? integer_attribute(object, name, where) : fallback;
     }
 
     double float_attribute(hid_t object, const char* name, const std::string& where) const {
@@ -176,7 +179,7 @@ class FileReader {
     // A string list attribute: a 1-D array of strings or a scalar string.
     std::vector<std::string> string_list_attribute(hid_t object, const char* name,
                                                    const std::string& where) const {
-        if (!has_attribute(object, name)) return {};
+        if (!has(object, name)) return {};
         Handle attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
         if (!attribute.valid()) fail_hdf5("cannot open attribute " + kv::quoted(name));
         return read_strings(attribute.get(), false, name, where);

@@ -1,5 +1,7 @@
 #include "hdf5_read_driver.hpp"
 
+#include "kv/error.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,11 +64,12 @@ std::string walk_collection(const unsigned char* p, std::size_t size, Visit visi
     return "";
 }
 
-std::string check_collection(const unsigned char* p, std::size_t size) {
+std::string check_collection(const unsigned char* p, std::size_t size, uint64_t file_left) {
     const uint64_t declared = load_le(p + 8, 8);
     if (declared < heap_header_size) return "a global heap collection with an invalid size";
     // A first read may be shorter than the collection: HDF5 then reads it whole, and that read
-    // is checked.
+    // is checked. It allocates the declared size first: one larger than the file is refused now.
+    if (declared > file_left) return "a global heap collection larger than the file";
     if (declared > size) return "";
     return walk_collection(p, static_cast<std::size_t>(declared), [](uint64_t, uint64_t) {});
 }
@@ -74,6 +77,7 @@ std::string check_collection(const unsigned char* p, std::size_t size) {
 struct DriverInfo {
     const std::byte* image;
     std::size_t size;
+    int fd;  ///< the file the reader opened (when not an image): the only one this driver opens
 };
 
 struct CheckedFile {
@@ -91,6 +95,24 @@ H5FD_t* driver_open(const char* name, unsigned flags, hid_t access, haddr_t max)
     if ((flags & H5F_ACC_RDWR) || (flags & H5F_ACC_CREAT) || max == 0 || max > max_address)
         return nullptr;
     const auto* info = static_cast<const DriverInfo*>(H5Pget_driver_info(access));
+    // The driver opens the file it was set up for and nothing else: an external link or a
+    // virtual dataset's source file (which HDF5 opens with the same access list) would read
+    // another file, or block forever on a named pipe. Links to other files are not part of the
+    // format (formats/kvcache.md 2).
+    auto refuse = [&] {
+        last_problem() = "a link to another file (" + kv::quoted(name ? name : "") +
+                         "), which the format does not allow";
+        return nullptr;
+    };
+    if (info && info->image && (!name || std::strcmp(name, image_file_name) != 0)) return refuse();
+    struct stat status {};
+    if (info && !info->image && info->fd >= 0) {
+        struct stat expected {};
+        if (!name || ::stat(name, &status) != 0 || ::fstat(info->fd, &expected) != 0 ||
+            !S_ISREG(status.st_mode) || status.st_dev != expected.st_dev ||
+            status.st_ino != expected.st_ino)
+            return refuse();
+    }
     auto* file = new (std::nothrow) CheckedFile{};
     if (!file) return nullptr;
     if (info && info->image) {
@@ -98,9 +120,8 @@ H5FD_t* driver_open(const char* name, unsigned flags, hid_t access, haddr_t max)
         file->source.size = info->size;
         file->owns_fd = false;
     } else {
-        const int fd = ::open(name, O_RDONLY | O_CLOEXEC);
-        struct stat status {};
-        if (fd < 0 || ::fstat(fd, &status) != 0) {
+        const int fd = ::open(name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0 || ::fstat(fd, &status) != 0 || !S_ISREG(status.st_mode)) {
             if (fd >= 0) ::close(fd);
             delete file;
             return nullptr;
@@ -132,8 +153,12 @@ int driver_compare(const H5FD_t* a, const H5FD_t* b) {
     return key(x) < key(y) ? -1 : key(y) < key(x) ? 1 : 0;
 }
 
+// No metadata accumulator: HDF5 1.10's (H5F__accum_read) computes its copies from addresses it
+// has not checked, and an address of a corrupt header (HADDR_UNDEF, say, in an attribute info
+// message) made it copy from outside its buffer. Without it every read comes here, where the
+// address is checked.
 herr_t driver_query(const H5FD_t*, unsigned long* flags) {
-    if (flags) *flags = H5FD_FEAT_ACCUMULATE_METADATA_READ | H5FD_FEAT_DATA_SIEVE;
+    if (flags) *flags = H5FD_FEAT_DATA_SIEVE;
     return 0;
 }
 
@@ -150,74 +175,468 @@ haddr_t driver_get_eof(const H5FD_t* base, H5FD_mem_t) {
     return reinterpret_cast<const CheckedFile*>(base)->source.size;
 }
 
-// A version-1 object header (HDF5's earliest format, h5py's default) carries no checksum, and
-// HDF5 1.10 decodes its attribute messages trusting the sizes inside them (found by fuzzing: a
-// dataspace claiming 56 KB in a 72-byte message overflowed the heap). Walks the header's chunks
-// (following continuation messages) and checks that every message fits its chunk and every
-// attribute message holds its name, datatype and dataspace. Returns "" or the problem.
-std::string check_v1_object_header(const RawSource& source, uint64_t address,
-                                   const unsigned char* prefix) {
-    const uint64_t messages = load_le(prefix + 2, 2);
-    const uint64_t first_size = load_le(prefix + 8, 4);
-    std::vector<std::pair<uint64_t, uint64_t>> chunks = {{address + 16, first_size}};
-    std::string problem;
-    uint64_t seen = 0;
+// One message of an object header: its type, flags and bytes.
+struct Message {
+    uint64_t type;
+    unsigned flags;
+    std::vector<unsigned char> data;
+};
+
+// The messages of the object header at `address` (addresses inside it count from `base`, the
+// superblock's place), version 1 (HDF5's earliest format, h5py's
+// default; no signature) or 2 ("OHDR"), following continuation messages. False when the bytes do
+// not parse as a whole header: then nothing is judged here (bytes that only look like a header
+// prefix, as a continuation chunk starting with a dataspace message does, or a header HDF5 itself
+// will find corrupt).
+// A chunk that reaches past the end of the file is a problem (`too_large`) where it cannot be a
+// look-alike: in a version-2 header, or longer than 16 MiB (HDF5 allocates the size it reads
+// before reading: a 15 KB file asked for 21 GB).
+bool read_object_header(const RawSource& source, uint64_t base, uint64_t address,
+                        const unsigned char* prefix, std::size_t prefix_size,
+                        std::vector<Message>& messages, bool& too_large) {
+    too_large = false;
+    const bool v2 = prefix_size >= 7 && std::memcmp(prefix, "OHDR", 4) == 0 && prefix[4] == 2;
+    std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [start, length) of message bytes
+    uint64_t expected = 0;
+    bool creation_order = false;
+    if (v2) {
+        const unsigned flags = prefix[5];
+        creation_order = (flags & 0x04) != 0;
+        const uint64_t size_at = 6 + ((flags & 0x20) ? 16 : 0) + ((flags & 0x10) ? 4 : 0);
+        const int size_bytes = 1 << (flags & 3);
+        unsigned char size[8] = {};
+        if (!source.read(address + size_at, static_cast<std::size_t>(size_bytes), size))
+            return false;
+        chunks.emplace_back(address + size_at + static_cast<uint64_t>(size_bytes),
+                            load_le(size, size_bytes));
+    } else {
+        expected = load_le(prefix + 2, 2);
+        chunks.emplace_back(address + 16, load_le(prefix + 8, 4));
+    }
+    const std::size_t header = v2 ? (creation_order ? 6 : 4) : 8;
     for (std::size_t next = 0; next < chunks.size(); ++next) {
-        // Anything that does not parse as a whole header is not judged here: bytes that only
-        // look like a header prefix (a continuation chunk starting with a dataspace message
-        // does), or a header HDF5 itself will find corrupt.
-        if (chunks.size() > 4096) return "";
+        if (chunks.size() > 4096) return false;
         const auto [start, length] = chunks[next];
-        if (start > source.size || length > source.size - start) return "";
+        if (start > source.size || length > source.size - start) {
+            too_large = v2 || length > (1u << 24);
+            return false;
+        }
         std::vector<unsigned char> chunk(static_cast<std::size_t>(length));
-        if (!source.read(start, chunk.size(), chunk.data())) return "";
+        if (!source.read(start, chunk.size(), chunk.data())) return false;
         std::size_t at = 0;
-        while (at + 8 <= chunk.size()) {
-            const uint64_t type = load_le(&chunk[at], 2);
-            const uint64_t size = load_le(&chunk[at + 2], 2);
-            const std::size_t data = at + 8;
-            if (size > chunk.size() - data) return "";
-            ++seen;
+        while (at + header <= chunk.size()) {
+            const uint64_t type = v2 ? chunk[at] : load_le(&chunk[at], 2);
+            const uint64_t size = v2 ? load_le(&chunk[at + 1], 2) : load_le(&chunk[at + 2], 2);
+            const unsigned flags = v2 ? chunk[at + 3] : chunk[at + 4];
+            const std::size_t data = at + header;
+            if (size > chunk.size() - data) return false;
+            messages.push_back({type, flags,
+                                std::vector<unsigned char>(chunk.begin() + data,
+                                                           chunk.begin() + data + size)});
             if (type == 0x10 && size >= 16) {  // continuation: address, length
-                chunks.emplace_back(load_le(&chunk[data], 8), load_le(&chunk[data + 8], 8));
-            } else if (type == 0x0C && size >= 8 && problem.empty()) {  // attribute
-                const unsigned version = chunk[data];
-                const uint64_t name = load_le(&chunk[data + 2], 2);
-                const uint64_t datatype = load_le(&chunk[data + 4], 2);
-                const uint64_t dataspace = load_le(&chunk[data + 6], 2);
-                auto pad8 = [](uint64_t n) { return (n + 7) / 8 * 8; };
-                const uint64_t needed = version == 1
-                                            ? 8 + pad8(name) + pad8(datatype) + pad8(dataspace)
-                                        : version == 2 ? 8 + name + datatype + dataspace
-                                        : version == 3 ? 9 + name + datatype + dataspace
-                                                       : UINT64_MAX;
-                if (needed > size) problem = "an attribute message larger than its space";
+                const uint64_t bytes = load_le(&chunk[data + 8], 8);
+                const uint64_t where = load_le(&chunk[data], 8);
+                if (where > UINT64_MAX - 8 - base) return false;
+                if (v2) {  // "OCHK", messages, checksum
+                    if (bytes < 8) return false;
+                    chunks.emplace_back(base + where + 4, bytes - 8);
+                } else {
+                    chunks.emplace_back(base + where, bytes);
+                }
             }
             at = data + static_cast<std::size_t>(size);
         }
-        if (at != chunk.size()) return "";  // messages tile a real chunk exactly
+        // Version 1 messages tile a real chunk exactly; version 2 leaves a gap too small for a
+        // message header.
+        if (v2 ? chunk.size() - at >= header && at != chunk.size() : at != chunk.size())
+            return false;
     }
-    return seen == messages ? problem : "";
+    return v2 || messages.size() == expected;
 }
 
-herr_t driver_read(H5FD_t* base, H5FD_mem_t type, hid_t, haddr_t address, size_t size,
+std::string check_heap_id_bytes(const RawSource& source, const unsigned char* ids,
+                                std::size_t count, std::size_t stride);
+
+// An encoded datatype (a datatype message, or the one inside an attribute message).
+bool is_vlen_string(const unsigned char* type, std::size_t size) {
+    return size >= 8 && (type[0] & 0x0f) == 9 && (type[1] & 0x0f) == 1;
+}
+uint64_t datatype_size(const unsigned char* type) {
+    return load_le(type + 4, 4);
+}
+// What HDF5 1.10 would trust in a datatype, or "": a variable-length type whose elements have an
+// absurd size (it allocates and converts length x size bytes per value: found by fuzzing, a
+// string of 4-gigabyte characters that never finished).
+std::string datatype_problem(const unsigned char* type, std::size_t size) {
+    if (size < 16 || (type[0] & 0x0f) != 9) return "";
+    const uint64_t element = datatype_size(type + 8);
+    const bool string = (type[1] & 0x0f) == 1;
+    if (string ? element != 1 : element == 0 || element > 1024)
+        return "a variable-length type of " + std::to_string(element) + "-byte elements";
+    return "";
+}
+// The number of elements of an encoded dataspace (scalar: 1, null: 0), or -1 when it does not
+// parse. Version 1 has 5 reserved bytes before the dimensions, version 2 none.
+int64_t dataspace_elements(const unsigned char* space, std::size_t size) {
+    if (size < 4) return -1;
+    const unsigned rank = space[1];
+    if (space[0] == 2 && space[3] == 2) return 0;
+    const std::size_t first = space[0] == 1 ? 8 : 4;
+    if (size < first + 8 * std::size_t{rank}) return -1;
+    uint64_t count = 1;
+    for (unsigned i = 0; i < rank; ++i) {
+        const uint64_t dim = load_le(space + first + 8 * i, 8);
+        if (dim != 0 && count > (uint64_t{1} << 62) / dim) return -1;
+        count *= dim;
+    }
+    return static_cast<int64_t>(count);
+}
+
+// A link message (in an object header, or a group's fractal heap): version 1, flags, [type],
+// [creation order (8)], [character set], the name's length (1, 2, 4 or 8 bytes), the name, then
+// the target. HDF5 1.10 decodes it without checking it against its size. Links to other files
+// (external, or user-defined types) are not part of the format.
+std::string link_message_problem(const unsigned char* d, std::size_t size) {
+    if (size < 2) return "a link message too short";
+    const unsigned flags = d[1];
+    std::size_t at = 2;
+    unsigned type = 0;
+    if (flags & 0x08) {
+        if (size < at + 1) return "a link message too short";
+        type = d[at++];
+    }
+    if (flags & 0x04) at += 8;
+    if (flags & 0x10) at += 1;
+    const std::size_t length_bytes = std::size_t{1} << (flags & 3);
+    if (size < at + length_bytes) return "a link message too short";
+    const uint64_t name = load_le(d + at, static_cast<int>(length_bytes));
+    at += length_bytes;
+    if (name == 0 || name > size - at) return "a link whose name does not fit its message";
+    at += static_cast<std::size_t>(name);
+    if (type >= 64) return "a link to another file, which the format does not allow";
+    if (type == 0) return size - at >= 8 ? "" : "a link whose target does not fit its message";
+    if (size - at < 2 || load_le(d + at, 2) > size - at - 2)
+        return "a link whose target does not fit its message";
+    return "";
+}
+
+// An attribute message (in an object header, or an object's fractal heap): its name, datatype,
+// dataspace and data must fit it (a dataspace claiming 56 KB in a 72-byte message overflowed
+// the heap), its datatype be sane, its strings' heap ids name objects of their collections.
+std::string attribute_message_problem(const RawSource& source, uint64_t base,
+                                      const unsigned char* d, std::size_t size) {
+    auto pad8 = [](uint64_t n) { return (n + 7) / 8 * 8; };
+    if (size < 8) return "an attribute message too short";
+    const unsigned version = d[0];
+    const uint64_t name = load_le(d + 2, 2);
+    const uint64_t type = load_le(d + 4, 2);
+    const uint64_t space = load_le(d + 6, 2);
+    const uint64_t header = version == 3 ? 9 : 8;
+    auto padded = [&](uint64_t n) { return version == 1 ? pad8(n) : n; };
+    const uint64_t needed = version >= 1 && version <= 3
+                                ? header + padded(name) + padded(type) + padded(space)
+                                : UINT64_MAX;
+    if (needed > size) return "an attribute message larger than its space";
+    const unsigned char* type_at = d + header + padded(name);
+    const unsigned char* space_at = type_at + padded(type);
+    if (version >= 2 && (d[1] & 0x03) != 0) return "";  // shared datatype or dataspace
+    const std::string type_problem = datatype_problem(type_at, type);
+    if (!type_problem.empty()) return "an attribute of " + type_problem;
+    const int64_t elements = dataspace_elements(space_at, space);
+    if (elements < 0 || type < 8) return "";
+    const uint64_t element = datatype_size(type_at);
+    const uint64_t data = size - needed;
+    if (element != 0 && static_cast<uint64_t>(elements) > data / element)
+        return "an attribute whose values do not fit its message";
+    // Strings in the global heap (the reader's vlen guard checks them too, where it knows the
+    // file).
+    if (base == 0 && is_vlen_string(type_at, type) && element == 16) {
+        const std::string problem =
+            check_heap_id_bytes(source, d + needed, static_cast<std::size_t>(elements), 16);
+        if (!problem.empty()) return "an attribute string: " + problem;
+    }
+    return "";
+}
+
+// Dense storage of an object's links or attributes: a fractal heap of messages and a v2 B-tree
+// of their heap ids by name. HDF5 1.10 decodes the messages it finds there as unchecked as those
+// of a header (found by fuzzing: an attribute read past its heap object), so each is checked as
+// a header's would be: the B-tree's root leaf and the heap's root direct block (what groups and
+// objects of kvtools' size have), others are left to HDF5.
+std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64_t heap,
+                                  uint64_t btree, bool attributes) {
+    if (heap == UINT64_MAX || btree == UINT64_MAX || heap > UINT64_MAX - base ||
+        btree > UINT64_MAX - base)
+        return "";
+    unsigned char h[146], b[38];
+    if (!source.read(base + heap, sizeof h, h) || std::memcmp(h, "FRHP", 4) != 0 ||
+        !source.read(base + btree, sizeof b, b) || std::memcmp(b, "BTHD", 4) != 0)
+        return "";
+    const uint64_t id_length = load_le(h + 5, 2);
+    const uint64_t filters = load_le(h + 7, 2);
+    const unsigned flags = h[9];
+    const uint64_t max_object = load_le(h + 10, 4);
+    const uint64_t block = load_le(h + 112, 8);
+    const uint64_t max_direct = load_le(h + 120, 8);
+    const uint64_t heap_bits = load_le(h + 128, 2);
+    const uint64_t root = load_le(h + 132, 8);
+    const uint64_t rows = load_le(h + 140, 2);
+    if (filters != 0 || rows != 0 || root == UINT64_MAX || root > UINT64_MAX - base ||
+        block == 0 || block > (1u << 24))
+        return "";
+    auto bytes_for = [](uint64_t value) {  // H5VM_limit_enc_size: floor(log2) / 8 + 1
+        int bits = 0;
+        while (value >>= 1) ++bits;
+        return static_cast<uint64_t>(bits / 8 + 1);
+    };
+    uint64_t direct_bits = 0;
+    for (uint64_t v = max_direct; v > 1; v >>= 1) ++direct_bits;
+    const uint64_t offset_bytes = (heap_bits + 7) / 8;
+    const uint64_t length_bytes = std::min((direct_bits + 7) / 8, bytes_for(max_object));
+    if (offset_bytes == 0 || offset_bytes > 8 || length_bytes == 0 || length_bytes > 8 ||
+        id_length < 1 + offset_bytes + length_bytes)
+        return "";
+    std::vector<unsigned char> direct(static_cast<std::size_t>(block));
+    if (!source.read(base + root, direct.size(), direct.data()) ||
+        std::memcmp(direct.data(), "FHDB", 4) != 0)
+        return "";
+    const uint64_t block_header = 4 + 1 + 8 + offset_bytes + ((flags & 2) ? 4 : 0);
+    // The B-tree: its root leaf's records hold the heap ids (attributes: id, flags, creation
+    // order, hash; links: hash, id).
+    const uint64_t record = load_le(b + 10, 2), depth = load_le(b + 12, 2);
+    const uint64_t leaf = load_le(b + 16, 8), records = load_le(b + 24, 2);
+    if (depth != 0 || leaf == UINT64_MAX || leaf > UINT64_MAX - base || records == 0) return "";
+    const uint64_t id_at = attributes ? 0 : 4;
+    if (record < id_at + id_length || records > (1u << 16)) return "";
+    std::vector<unsigned char> node(static_cast<std::size_t>(6 + records * record));
+    if (!source.read(base + leaf, node.size(), node.data()) ||
+        std::memcmp(node.data(), "BTLF", 4) != 0)
+        return "";
+    for (uint64_t i = 0; i < records; ++i) {
+        const unsigned char* id = node.data() + 6 + i * record + id_at;
+        if ((id[0] & 0xf0) != 0) continue;  // not a managed object: tiny or huge, left to HDF5
+        const uint64_t offset = load_le(id + 1, static_cast<int>(offset_bytes));
+        const uint64_t length = load_le(id + 1 + offset_bytes, static_cast<int>(length_bytes));
+        if (offset < block_header || offset > block || length > block - offset || length == 0)
+            return "a heap id outside its heap";
+        const unsigned char* object = direct.data() + offset;
+        const std::string problem =
+            attributes ? attribute_message_problem(source, base, object, length)
+                       : link_message_problem(object, length);
+        if (!problem.empty()) return problem;
+    }
+    return "";
+}
+
+// The problem HDF5 1.10 would trust in an object header's messages, or "". Found by fuzzing, on
+// files whose checksums were recomputed after the change (an attacker's, not a disk's):
+//  - an attribute message whose name, datatype and dataspace do not fit it (a dataspace claiming
+//    56 KB in a 72-byte message overflowed the heap);
+//  - a chunked dataset indexed by a fixed array that holds fewer entries than the dataset has
+//    chunks (H5FA_get reads past its elements);
+//  - a compact dataset whose stored bytes are fewer than its shape needs (H5VM_memcpyvv).
+// And what the format leaves out (formats/kvcache.md 2): external storage, which HDF5 reads
+// from other files with plain open(), virtual datasets, and links to other files.
+std::string object_header_problem(const RawSource& source, uint64_t base,
+                                  const std::vector<Message>& messages) {
+    const Message* dataspace = nullptr;
+    const Message* datatype = nullptr;
+    const Message* layout = nullptr;
+    for (const Message& message : messages) {
+        const std::vector<unsigned char>& d = message.data;
+        const bool shared = (message.flags & 0x02) != 0;
+        switch (message.type) {
+            case 0x01:
+                if (!shared) dataspace = &message;
+                break;
+            case 0x03:
+                if (!shared) {
+                    datatype = &message;
+                    const std::string problem = datatype_problem(d.data(), d.size());
+                    if (!problem.empty()) return "a dataset of " + problem;
+                }
+                break;
+            case 0x08:
+                layout = &message;
+                break;
+            case 0x07:
+                return "a dataset stored in external files, which the format does not allow";
+            case 0x06: {
+                const std::string problem = link_message_problem(d.data(), d.size());
+                if (!problem.empty()) return problem;
+                break;
+            }
+            case 0x0C: {
+                const std::string problem = attribute_message_problem(source, base, d.data(), d.size());
+                if (!problem.empty()) return problem;
+                break;
+            }
+            case 0x02:    // link info: version, flags, [max creation order (8)], heap, name index
+            case 0x15: {  // attribute info: the same, with a 2-byte max creation order
+                const std::size_t order = (d.size() >= 2 && (d[1] & 1)) ? (message.type == 0x02 ? 8 : 2) : 0;
+                if (d.size() < 2 + order + 16) break;
+                const std::string problem =
+                    dense_storage_problem(source, base, load_le(&d[2 + order], 8),
+                                          load_le(&d[2 + order + 8], 8), message.type == 0x15);
+                if (!problem.empty()) return problem;
+                break;
+            }
+        }
+    }
+    if (!layout || layout->data.size() < 2) return "";
+    const std::vector<unsigned char>& l = layout->data;
+    const unsigned version = l[0], layout_class = l[1];
+    if (version < 3) return "";
+    if (layout_class == 3) return "a virtual dataset, which the format does not allow";
+    // The dataset's extent (maximum dimensions where given) from its dataspace message:
+    // version 1 has 5 reserved bytes, version 2 none; dimensions are 8 bytes each.
+    std::vector<uint64_t> dims;
+    if (dataspace && dataspace->data.size() >= 4) {
+        const std::vector<unsigned char>& d = dataspace->data;
+        const unsigned rank = d[1], flags = d[2];
+        const std::size_t first = d[0] == 1 ? 8 : 4;
+        const bool has_max = (flags & 1) != 0;
+        if (d[0] == 2 && d[3] == 2) {
+            dims.push_back(0);  // a null dataspace: no element
+        } else if (d.size() >= first + (has_max ? 16 : 8) * rank) {
+            for (unsigned i = 0; i < rank; ++i)
+                dims.push_back(load_le(&d[first + (has_max ? rank + i : i) * 8], 8));
+        }
+    }
+    if (!dataspace || (dims.empty() && dataspace->data.size() >= 2 && dataspace->data[1] > 0))
+        return "";
+    if (layout_class == 0 && l.size() >= 4 && datatype && datatype->data.size() >= 8) {
+        // Compact: size (2 bytes), then the data. Variable-length types (class 9) store heap ids.
+        const unsigned type_class = datatype->data[0] & 0x0f;
+        uint64_t needed = load_le(&datatype->data[4], 4);
+        for (uint64_t dim : dims)
+            needed = dim != 0 && needed > UINT64_MAX / dim ? UINT64_MAX : needed * dim;
+        const uint64_t stored = load_le(&l[2], 2);
+        if (type_class != 9 && (stored < needed || l.size() < 4 + stored))
+            return "a compact dataset with fewer bytes than its shape needs";
+        if (base == 0 && is_vlen_string(datatype->data.data(), datatype->data.size()) &&
+            datatype_size(datatype->data.data()) == 16) {
+            const int64_t elements =
+                dataspace_elements(dataspace->data.data(), dataspace->data.size());
+            if (elements < 0 || l.size() < 4 + stored || static_cast<uint64_t>(elements) > stored / 16)
+                return "a compact dataset with fewer bytes than its shape needs";
+            const std::string problem =
+                check_heap_id_bytes(source, &l[4], static_cast<std::size_t>(elements), 16);
+            if (!problem.empty()) return "a compact dataset of strings: " + problem;
+        }
+    }
+    if (layout_class == 2 && version == 4 && l.size() >= 5) {
+        // Chunked, version 4: flags, rank + 1, bytes per dimension, the chunk's dimensions (the
+        // last is the element size), the index type, its parameters, its address.
+        const unsigned rank = l[3], bytes = l[4];
+        if (rank < 1 || bytes < 1 || bytes > 8 || l.size() < 5 + std::size_t{rank} * bytes + 1)
+            return "";
+        std::vector<uint64_t> chunk;
+        for (unsigned i = 0; i < rank; ++i) chunk.push_back(load_le(&l[5 + i * bytes], bytes));
+        // Its element size is the datatype's (HDF5 1.10 sizes its copies by one, its buffers by
+        // the other: a mismatch read past them).
+        if (datatype && datatype->data.size() >= 8 &&
+            chunk.back() != datatype_size(datatype->data.data()))
+            return "a chunked dataset whose element size differs from its datatype's";
+        const std::size_t index_at = 5 + std::size_t{rank} * bytes;
+        const unsigned index_type = l[index_at];
+        if (index_type != 3 || l.size() < index_at + 2 + 8) return "";  // not a fixed array
+        if (dims.size() + 1 != chunk.size()) return "a chunked dataset whose chunk rank differs";
+        uint64_t chunks = 1;
+        for (std::size_t i = 0; i < dims.size(); ++i) {
+            if (chunk[i] == 0) return "a chunk dimension of 0";
+            const uint64_t count = dims[i] / chunk[i] + (dims[i] % chunk[i] != 0);
+            chunks = count != 0 && chunks > UINT64_MAX / count ? UINT64_MAX : chunks * count;
+        }
+        const uint64_t array = load_le(&l[index_at + 2], 8);
+        unsigned char header[16];
+        if (array == UINT64_MAX || chunks == 0) return "";  // not written yet: fill values
+        if (array > UINT64_MAX - base || !source.read(base + array, sizeof header, header) || std::memcmp(header, "FAHD", 4) != 0)
+            return "a chunk index outside the file";
+        // HDF5 sizes the array by its own count (a huge one is allocated) and indexes it by the
+        // dataset's chunks (a smaller one is read past): it makes them equal.
+        if (load_le(header + 8, 8) != chunks)
+            return "a chunk index whose size is not the dataset's number of chunks";
+    }
+    return "";
+}
+
+// The header of a version-2 B-tree (dense attribute and link storage): "BTHD", version, type,
+// node size (4), record size (2), depth (2), split and merge percent, root address, records in
+// the root (2), records in all (8). HDF5 1.10 sizes a node's records by these without checking
+// them against the node (found by fuzzing: a record size of 32,785 read past a 512-byte leaf),
+// and follows a shared attribute's record into a table the file does not have. Returns "" or
+// the problem.
+std::string btree_header_problem(const RawSource& source, uint64_t base,
+                                 const unsigned char* header) {
+    const unsigned type = header[5];
+    const uint64_t node = load_le(header + 6, 4);
+    const uint64_t record = load_le(header + 10, 2);
+    const uint64_t depth = load_le(header + 12, 2);
+    const uint64_t root = load_le(header + 16, 8);
+    const uint64_t records = load_le(header + 24, 2);
+    constexpr uint64_t prefix = 10;  // "BTLF" or "BTIN", version, type, checksum
+    if (record == 0 || node <= prefix || node > (1u << 24) || record > node - prefix)
+        return "a B-tree whose records do not fit its nodes";
+    if (records * record > node - prefix) return "a B-tree root with more records than fit";
+    if (depth != 0 || type != 8 || root == UINT64_MAX || records == 0) return "";
+    // An attribute name index's root leaf: heap id (8), message flags (1), creation order (4),
+    // name hash (4) per record.
+    if (record != 17 || root > UINT64_MAX - base) return "";
+    std::vector<unsigned char> leaf(static_cast<std::size_t>(6 + records * record));
+    if (!source.read(base + root, leaf.size(), leaf.data()) || std::memcmp(leaf.data(), "BTLF", 4) != 0)
+        return "";
+    for (uint64_t i = 0; i < records; ++i)
+        if (leaf[6 + i * record + 8] & 0x02)
+            return "a shared attribute, which this reader does not read";
+    return "";
+}
+
+herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, size_t size,
                    void* buffer) {
-    const auto* file = reinterpret_cast<const CheckedFile*>(base);
-    if (address > max_address || size > max_address - address) return -1;
+    const auto* file = reinterpret_cast<const CheckedFile*>(base_in);
+    if (address > max_address || size > max_address - address) {
+        last_problem() = "corrupt metadata (an address outside the file)";
+        return -1;
+    }
     // As sec2 and core do: bytes past the end of the file read as zeros.
     const uint64_t end = file->source.size;
     const std::size_t available =
         address >= end ? 0 : static_cast<std::size_t>(std::min<uint64_t>(size, end - address));
     if (available > 0 && !file->source.read(address, available, buffer)) return -1;
     std::memset(static_cast<char*>(buffer) + available, 0, size - available);
-    // The prefix of a version-1 object header: version 1, a reserved zero, the message count,
-    // reference count and first chunk size, four zero bytes of padding.
+    // An object header: version 1 (version 1, a reserved zero, the message count, reference
+    // count and first chunk size, four zero bytes of padding) or 2 ("OHDR", version 2).
     if (type == H5FD_MEM_OHDR && size >= 16) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
-        if (bytes[0] == 1 && bytes[1] == 0 && load_le(bytes + 12, 4) == 0) {
-            const std::string problem = check_v1_object_header(file->source, address, bytes);
+        const bool v1 = bytes[0] == 1 && bytes[1] == 0 && load_le(bytes + 12, 4) == 0;
+        const bool v2 = std::memcmp(bytes, "OHDR", 4) == 0 && bytes[4] == 2;
+        std::vector<Message> messages;
+        const uint64_t base = base_in->base_addr;
+        bool too_large = false;
+        const bool parsed = (v1 || v2) && read_object_header(file->source, base, address, bytes,
+                                                             size, messages, too_large);
+        if (too_large) {
+            last_problem() = "corrupt object header (larger than the file)";
+            return -1;
+        }
+        if (parsed) {
+            const std::string problem = object_header_problem(file->source, base, messages);
             if (!problem.empty()) {
-                last_problem() = "corrupt object header (" + problem + ")";
+                // What the format leaves out is refused as such; the rest is damage.
+                last_problem() = problem.find("which the format does not allow") != std::string::npos
+                                     ? problem
+                                     : "corrupt object header (" + problem + ")";
+                return -1;
+            }
+        }
+    }
+    if (type == H5FD_MEM_BTREE && size >= 34) {
+        const auto* bytes = static_cast<const unsigned char*>(buffer);
+        if (std::memcmp(bytes, "BTHD", 4) == 0) {
+            const std::string problem = btree_header_problem(file->source, base_in->base_addr, bytes);
+            if (!problem.empty()) {
+                last_problem() = "corrupt B-tree (" + problem + ")";
                 return -1;
             }
         }
@@ -226,7 +645,9 @@ herr_t driver_read(H5FD_t* base, H5FD_mem_t type, hid_t, haddr_t address, size_t
     if (type == H5FD_MEM_DRAW || type == H5FD_MEM_GHEAP) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
         if (is_collection(bytes, size)) {
-            const std::string problem = check_collection(bytes, size);
+            const uint64_t left =
+                address < file->source.size ? file->source.size - address : 0;
+            const std::string problem = check_collection(bytes, size, left);
             if (!problem.empty()) {
                 last_problem() = "corrupt global heap (" + problem + ")";
                 return -1;
@@ -286,7 +707,7 @@ bool RawSource::read(uint64_t offset, std::size_t length, void* buffer) const {
 hid_t make_checked_read_access(const RawSource& source) {
     const hid_t access = H5Pcreate(H5P_FILE_ACCESS);
     if (access < 0) return access;
-    const DriverInfo info{source.image, source.size};
+    const DriverInfo info{source.image, source.size, source.fd};
     if (H5Pset_driver(access, driver_id(), &info) < 0) {
         H5Pclose(access);
         return H5I_INVALID_HID;

@@ -5,7 +5,9 @@
 // follows object sizes and indexes without bounds checks: one flipped byte there crashes the
 // process or loops forever (fixed upstream only in later releases). This driver reads files or
 // in-memory images like the sec2 and core drivers, but refuses a global heap collection whose
-// objects do not fit it, so that HDF5 reports a read error instead. Heap ids stored in
+// objects do not fit it, and object headers whose messages HDF5 would follow out of bounds
+// (object_header_problem in the .cpp says which) or that reach outside the file (external
+// storage, external links, virtual datasets), so that HDF5 reports a read error instead. Heap ids stored in
 // contiguous string datasets are checked against their collections by check_heap_ids before
 // HDF5 follows them. Every function here must be called with the library's HDF5 lock held.
 #pragma once
@@ -36,8 +38,13 @@ struct RawSource {
     bool read(uint64_t offset, std::size_t length, void* buffer) const;
 };
 
-/// A file access property list that opens files (by name) or the image in `source` (when it has
-/// one) through the checking driver. The property list must be closed by the caller.
+/// The name a memory image is opened under (H5Fopen's name): the driver opens no other.
+constexpr const char* image_file_name = "standard input";
+
+/// A file access property list that opens the file of `source` (by name: the one file whose
+/// descriptor `source` holds) or its image (opened as image_file_name) through the checking
+/// driver, which opens no other file (an external link's, a virtual dataset's source). The
+/// property list must be closed by the caller.
 hid_t make_checked_read_access(const RawSource& source);
 
 /// What the driver refused during the last failed HDF5 call, or "" (and forgets it).

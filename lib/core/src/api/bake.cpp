@@ -8,6 +8,7 @@
 #include "kv/model/adapter.hpp"
 #include "kv/model/compress.hpp"
 #include "kv/model/packets.hpp"
+#include "kv/output_path.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sha256.hpp"
 #include "runtime.hpp"
@@ -124,6 +125,16 @@ BakeReport bake(const BakeOptions& options) {
 
     if (options.append && options.output == "-")
         throw UsageError("--append needs an output file (-o FILE), not standard output");
+    // Before any work: an output that is one of the inputs would destroy it (the store of
+    // --append is the output by design, rewritten under its lock below).
+    {
+        std::vector<std::filesystem::path> inputs(options.inputs.begin(), options.inputs.end());
+        if (options.adapter) inputs.push_back(*options.adapter);
+        if (options.tokenizer) inputs.push_back(*options.tokenizer);
+        for (const std::filesystem::path& file : model_input_files(options.model))
+            inputs.push_back(file);
+        refuse_output_among_inputs(options.output, inputs);
+    }
     BakeReport report;
     // Read and check everything before the model loads: a bad input fails in a second.
     const DocumentProblems problems{options.keep_going ? &report.skipped : nullptr};
@@ -204,6 +215,8 @@ BakeReport bake(const BakeOptions& options) {
     write.no_replace = options.append && !store;
     CacheWriter writer(options.output, runtime.cache_info, options.provenance, write);
     if (store) {
+        // The store as it was, every part kept (its adapter too, when it holds one).
+        if (store->has_adapter()) writer.set_adapter(store->read_adapter());
         for (const PacketInfo& info : store->packets())
             writer.add(store->read(info.id));
         report.kept_documents = static_cast<int64_t>(store->packets().size());

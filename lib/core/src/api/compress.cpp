@@ -4,9 +4,11 @@
 
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/format/cache_writer.hpp"
 #include "kv/format/quantize.hpp"
 #include "kv/model/compress.hpp"
+#include "kv/output_path.hpp"
 #include "kv/rope.hpp"
 #include "kv/runtime.hpp"
 #include "runtime.hpp"
@@ -14,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 
 namespace kv {
@@ -65,6 +68,24 @@ CompressReport compress_cache_file(const CompressOptions& options) {
                          " scores tokens by the prefill's queries: give the model (-m)");
     set_compute_threads(options.threads);
 
+    // Compressing a store in place (-o the input) is a rewrite by design: under the lock
+    // kvbake --append takes, held until the new file is in place. Any other input as the output
+    // is refused before any work.
+    std::optional<CacheFileLock> lock;
+    if (same_file(options.input, options.output)) {
+        if (options.input == "-" || options.output == "-")
+            throw UsageError("standard input and standard output are the same file: write the "
+                             "compressed store to another file");
+        lock.emplace(options.input);
+    }
+    {
+        std::vector<std::filesystem::path> inputs;
+        if (options.model)
+            for (const std::filesystem::path& file : model_input_files(*options.model))
+                inputs.push_back(file);
+        if (options.tokenizer) inputs.push_back(*options.tokenizer);
+        refuse_output_among_inputs(options.output, inputs);
+    }
     const CacheReader reader(options.input);
     const CacheModelInfo& model = reader.model();
     std::set<std::string> selected;
@@ -79,7 +100,12 @@ CompressReport compress_cache_file(const CompressOptions& options) {
         expected.dtype = model.dtype;
         check_compatible(expected, model, reader.source());
     } else {
-        const RopeSettings rope = rope_settings(model);
+        RopeSettings rope;
+        try {
+            rope = rope_settings(model);
+        } catch (const FormatError& error) {
+            throw FormatError(reader.source() + ": cannot rotate its keys: " + error.what());
+        }
         file_rope = std::make_unique<Rope>(rope.layout, rope.inverse_frequencies);
     }
     const Rope& rope = runtime ? runtime->model->rope() : *file_rope;
@@ -87,6 +113,7 @@ CompressReport compress_cache_file(const CompressOptions& options) {
     CompressReport report;
     report.method = options.prune ? compression_method_name(settings.method) : "";
     CacheWriter writer(options.output, model, options.provenance, options.write);
+    if (reader.has_adapter()) writer.set_adapter(reader.read_adapter());  // kept as it is
     const auto total = static_cast<int64_t>(reader.packets().size());
     int64_t done = 0;
     for (const PacketInfo& info : reader.packets()) {

@@ -3,11 +3,14 @@
 #include "kv/error.hpp"
 #include "kv/float_convert.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/format/cache_writer.hpp"
 #include "kv/index/dci.hpp"
+#include "kv/output_path.hpp"
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 namespace kv {
@@ -96,11 +99,21 @@ IndexReport index_cache_file(const IndexOptions& options) {
                             ? options.threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 
+    // Indexing a store in place (-o the input, as the README does) is a rewrite by design: under
+    // the lock kvbake --append takes, held until the new file is in place.
+    std::optional<CacheFileLock> lock;
+    if (same_file(options.input, options.output)) {
+        if (options.input == "-" || options.output == "-")
+            throw UsageError("standard input and standard output are the same file: write the "
+                             "indexed store to another file");
+        lock.emplace(options.input);
+    }
     const CacheReader reader(options.input);
     const CacheModelInfo& model = reader.model();
     const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
     const std::vector<int64_t> layers = indexed_layers(options, model.num_layers);
     CacheWriter writer(options.output, model, options.provenance, options.write);
+    if (reader.has_adapter()) writer.set_adapter(reader.read_adapter());  // kept as it is
     IndexReport report;
     report.layers = layers.empty() ? model.num_layers : static_cast<int64_t>(layers.size());
     const auto total = static_cast<int64_t>(reader.packets().size());

@@ -25,6 +25,10 @@ KvCache KvCache::on_disk(int64_t num_layers, int64_t kv_heads, int64_t head_dim,
     capacity = std::max<int64_t>(capacity, 1);
     KvCache cache(num_layers, kv_heads, head_dim, dtype, torch::kCPU, 1);
     auto arena = std::make_shared<FileArena>(folder);
+    require_disk_space(2.0 * static_cast<double>(num_layers) * static_cast<double>(kv_heads) *
+                           static_cast<double>(capacity) * static_cast<double>(head_dim) *
+                           static_cast<double>(c10::elementSize(dtype)),
+                       folder, "a KV cache of " + std::to_string(capacity) + " tokens on disk");
     const std::size_t plane_bytes = static_cast<std::size_t>(kv_heads * capacity * head_dim) *
                                     static_cast<std::size_t>(c10::elementSize(dtype));
     const auto options = torch::TensorOptions().dtype(dtype).device(torch::kCPU);
@@ -164,6 +168,12 @@ void KvCache::reserve(int64_t capacity) {
         throw UnsupportedError("the cache offloaded to disk was made for " +
                                std::to_string(capacity_) + " tokens; " + std::to_string(capacity) +
                                " do not fit");
+    // Fail with the size, not with the allocator's message (a huge -n, say).
+    if (device_.is_cpu())
+        require_memory(2.0 * static_cast<double>(keys_.size()) * static_cast<double>(kv_heads_) *
+                           static_cast<double>(capacity) * static_cast<double>(head_dim_) *
+                           static_cast<double>(c10::elementSize(dtype_)),
+                       "a KV cache of " + std::to_string(capacity) + " tokens");
     const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
     for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
         torch::Tensor keys = torch::empty({kv_heads_, capacity, head_dim_}, options);

@@ -1,0 +1,79 @@
+// Cache files an attacker made: HDF5 metadata changed and its checksums recomputed
+// (tests/fuzz/hdf5_checksums.hpp), which HDF5 1.10 would follow out of bounds. The reader's
+// checking driver refuses each with a message (hdf5_read_driver.cpp) instead of crashing.
+#include "../../../fuzz/hdf5_checksums.hpp"
+#include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Reads the whole file as the fuzz target does; the first error's message, or "".
+std::string first_error(const std::filesystem::path& path) {
+    try {
+        const kv::CacheReader reader(path);
+        for (const kv::PacketInfo& info : reader.packets())
+            reader.read(info.id);
+        if (reader.has_adapter()) reader.read_adapter();
+    } catch (const kv::Error& error) {
+        return error.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("the checksum repair leaves sound files as they are and restores every checksum") {
+    int files = 0;
+    for (const auto& entry :
+         std::filesystem::directory_iterator(std::string(KV_TEST_DATA_DIR) + "/kvcache/good")) {
+        const std::vector<uint8_t> original = read_bytes(entry.path());
+        std::vector<uint8_t> bytes = original;
+        std::vector<uint64_t> written;
+        kv::fuzz::repair_hdf5_checksums(bytes.data(), bytes.size(), &written);
+        INFO(entry.path().filename().string());
+        CHECK(bytes == original);
+        // Every checksum it knows of, overwritten and recomputed.
+        for (uint64_t at : written)
+            for (int i = 0; i < 4; ++i)
+                bytes[at + static_cast<uint64_t>(i)] ^= 0x5a;
+        if (!written.empty()) CHECK(bytes != original);
+        kv::fuzz::repair_hdf5_checksums(bytes.data(), bytes.size());
+        CHECK(bytes == original);
+        ++files;
+    }
+    CHECK(files >= 15);
+}
+
+TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
+    const std::string folder = std::string(KV_TEST_DATA_DIR) + "/../fuzz/regressions/cache_file/";
+    const std::pair<const char*, const char*> cases[] = {
+        {"hdf5-attribute-info-undefined-address-accumulator", "an address outside the file"},
+        {"hdf5-btree-record-size", "a B-tree whose records do not fit its nodes"},
+        {"hdf5-btree-root-records", "more records than fit"},
+        {"hdf5-btree-shared-attribute", "a shared attribute"},
+        {"hdf5-packet-attribute-heap-index", "a string points to a missing or wrong global heap"},
+        {"hdf5-chunk-element-size", "element size differs from its datatype's"},
+        {"hdf5-vlen-string-huge-characters", "a variable-length type of 4278190081-byte elements"},
+        {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
+        {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
+        {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
+    };
+    for (const auto& [name, expected] : cases) {
+        INFO(name);
+        const std::string message = first_error(folder + name);
+        CHECK(message.find(expected) != std::string::npos);
+    }
+}
