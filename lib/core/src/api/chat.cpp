@@ -1,8 +1,36 @@
 #include "kv/api/chat.hpp"
 
 #include "kv/error.hpp"
+#include "kv/gguf.hpp"
 
 namespace kv {
+namespace {
+
+// A GGUF file's tokenizer.chat_template, with the text of the special tokens its metadata names
+// by id (transformers' special_tokens_map, as llama.cpp's converter took them from it).
+std::optional<text::ModelChatTemplate> gguf_chat_template(const std::filesystem::path& path) {
+    const GgufFile file = GgufFile::open(path);
+    std::optional<std::string> source = file.string("tokenizer.chat_template");
+    if (!source || source->empty()) return std::nullopt;
+    text::ModelChatTemplate found;
+    found.source = std::move(*source);
+    found.file = path;
+    const std::vector<std::string>* tokens = file.strings("tokenizer.ggml.tokens");
+    const std::pair<const char*, const char*> special[] = {
+        {"tokenizer.ggml.bos_token_id", "bos_token"},
+        {"tokenizer.ggml.eos_token_id", "eos_token"},
+        {"tokenizer.ggml.unknown_token_id", "unk_token"},
+        {"tokenizer.ggml.seperator_token_id", "sep_token"},
+        {"tokenizer.ggml.padding_token_id", "pad_token"}};
+    for (const auto& [key, name] : special) {
+        const std::optional<int64_t> id = file.integer(key);
+        if (!tokens || !id || *id < 0 || *id >= static_cast<int64_t>(tokens->size())) continue;
+        if (!(*tokens)[*id].empty()) found.special_tokens.set(name, (*tokens)[*id]);
+    }
+    return found;
+}
+
+}  // namespace
 
 text::ModelChatTemplate model_chat_template(const std::filesystem::path& model,
                                             const std::optional<std::filesystem::path>& tokenizer,
@@ -19,6 +47,10 @@ text::ModelChatTemplate model_chat_template(const std::filesystem::path& model,
             (looked_at.empty() ? "" : ", ") + quoted((folder / "tokenizer_config.json").string());
     }
     if (embedded && !embedded->source.empty()) return *embedded;
+    if (is_gguf_file(model)) {
+        if (auto found = gguf_chat_template(model)) return *found;
+        looked_at += (looked_at.empty() ? "" : ", ") + std::string("the GGUF file's metadata");
+    }
     throw UnsupportedError(std::string(option) + ": the model has no chat template (no " +
                            "chat_template in " + looked_at + ")");
 }

@@ -2,6 +2,7 @@
 // (tests/tokenizers/data/phi-3-mini, MIT).
 #include <catch2/catch.hpp>
 
+#include "gguf_writer.hpp"
 #include "kv/api/chat.hpp"
 #include "kv/error.hpp"
 #include "test_support.hpp"
@@ -59,4 +60,34 @@ TEST_CASE("chat: the tokenizer's folder first, a template the model file carries
     CHECK(kv::model_chat_template(dir.path(), std::nullopt, carried, "--chat").source ==
           carried.source);
     CHECK(kv::model_chat_template(phi3, std::nullopt, carried, "--chat").source != carried.source);
+}
+
+TEST_CASE("chat: a GGUF file's template, with the special tokens its metadata names by id",
+          "[chat]") {
+    kv::test::TempDir dir;
+    kv::test::GgufWriter writer;
+    writer.string("general.architecture", "llama")
+        .string("tokenizer.chat_template",
+                "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}")
+        .strings("tokenizer.ggml.tokens", {"<unk>", "<|start|>", "<|stop|>", "a"})
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2)
+        .u32("tokenizer.ggml.padding_token_id", 9);  // out of range: left out
+    kv::test::write_file(dir / "model.gguf", writer.bytes());
+    const kv::text::ModelChatTemplate found =
+        kv::model_chat_template(dir / "model.gguf", std::nullopt, std::nullopt, "--chat");
+    CHECK(found.file == dir / "model.gguf");
+    CHECK(found.special_tokens.at("bos_token").as_string() == "<|start|>");
+    CHECK(found.special_tokens.at("eos_token").as_string() == "<|stop|>");
+    CHECK_FALSE(found.special_tokens.find("pad_token"));
+    CHECK(kv::text::ChatTemplate(found.source)
+              .render(kv::text::chat_variables(found, kv::text::chat_messages("", "hi"), true)) ==
+          "<|start|>hi<|stop|>");
+
+    kv::test::GgufWriter bare;
+    bare.string("general.architecture", "llama");
+    kv::test::write_file(dir / "bare.gguf", bare.bytes());
+    CHECK(error_of(dir / "bare.gguf") ==
+          "--chat: the model has no chat template (no chat_template in '" +
+              (dir / "tokenizer_config.json").string() + "', the GGUF file's metadata)");
 }

@@ -17,10 +17,10 @@ namespace kv {
 
 /// The chat template of the model at `model` (a folder, or a file in one), read from the
 /// tokenizer_config.json of `tokenizer` when given (kvtools' --tokenizer: the template belongs
-/// to the tokenizer, as in transformers), else of the model's folder; `embedded` is the template
-/// a model file carries itself with its special tokens (a GGUF file's), used when no
-/// tokenizer_config.json has one. Throws kv::UnsupportedError naming the files looked at, and
-/// the option that asked (`option`), when there is none.
+/// to the tokenizer, as in transformers), else of the model's folder; then `embedded`, a template
+/// given with its special tokens, or else the tokenizer.chat_template of a GGUF model file (with
+/// the tokens its metadata names by id as bos_token, eos_token, ...). Throws kv::UnsupportedError
+/// naming the files looked at, and the option that asked (`option`), when there is none.
 text::ModelChatTemplate model_chat_template(const std::filesystem::path& model,
                                             const std::optional<std::filesystem::path>& tokenizer,
                                             const std::optional<text::ModelChatTemplate>& embedded,
