@@ -67,12 +67,21 @@ int main(int argc, char** argv) {
                        "--resume continues")
             ->default_val(0)
             ->check(kv::cli::whole_number(0));
+        app.add_flag("--chat-preamble", options.chat_preamble,
+                     "KV Packet's preamble from the model's chat template: its start before the "
+                     "documents instead of BOS, the end of the user's turn and the generation "
+                     "prompt after the question");
+        app.add_option("--system", options.system,
+                       "With --chat-preamble: a system message at the start of the conversation");
         app.add_flag("--json", json_report, "Print a JSON report on stdout");
         kv::cli::add_compute_options(app, compute);
         kv::cli::add_verbosity_options(app, verbosity);
     };
 
     auto body = [&] {
+        if (!options.system.empty() && !options.chat_preamble)
+            throw kv::UsageError(
+                "--system is a message of the chat template: give --chat-preamble");
         options.model = model.model;
         if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
         options.data = data;
