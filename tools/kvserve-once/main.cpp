@@ -7,18 +7,23 @@
 #include "tool.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 
 int main(int argc, char** argv) {
     kv::cli::ModelOptions model;
     kv::cli::ComputeOptions compute;
     kv::cli::Verbosity verbosity;
     kv::ServeOptions options;
-    std::string prompt_file, document_file, stats_path;
+    std::string prompt_file, document_file, stats_path, requests_path;
     std::vector<std::string> cache_paths;
     uint64_t seed = 0;
+    uint64_t cache_memory = 0;
     bool no_bos = false;
 
     auto configure = [&](CLI::App& app) {
@@ -36,6 +41,15 @@ int main(int argc, char** argv) {
                        "--cache: prefilled layer by layer, IceCache indexing each layer as it "
                        "is done; the prompt may then be empty")
             ->excludes("--cache");
+        app.add_option("--requests", requests_path,
+                       "Many questions in one process: a JSONL FILE ('-': stdin), one request "
+                       "{\"id\", \"prompt\", \"cache\": [\"FILE:ID\", ...], ...} a line, one "
+                       "JSON answer a line on stdout; the other options are every request's "
+                       "defaults");
+        app.add_option("--cache-memory", cache_memory,
+                       "--requests: memory for the packets kept loaded for later requests, the "
+                       "least recently used dropped first (default 1G; 0: none)")
+            ->transform(CLI::AsSizeValue(false));
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)
             ->check(kv::cli::whole_number(0, 1 << 30, "generation stops at the model's context"));
@@ -120,22 +134,75 @@ int main(int argc, char** argv) {
         kv::cli::add_verbosity_options(app, verbosity);
     };
 
+    auto read_text = [](const std::string& path) {
+        return path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
+                           : kv::read_file_text(path);
+    };
+    auto write_stats = [&](const kv::json::Value& value) {
+        const std::string report = kv::json::dump(value, 2) + "\n";
+        if (stats_path == "-")
+            std::fputs(report.c_str(), stderr);
+        else
+            kv::write_file_atomic(stats_path, report.data(), report.size());
+    };
+
+    // --requests: the options are every request's defaults; exit 1 when a request failed.
+    auto serve_requests = [&](CLI::App& app) {
+        if (!document_file.empty())
+            throw kv::UsageError(
+                "--document is one long context for one question; --requests serves questions "
+                "over --cache packets");
+        if (app.count("--cache-memory") && options.offload == "disk")
+            throw kv::UsageError(
+                "--cache-memory keeps loaded packets in memory and --offload disk keeps them on "
+                "disk: give one");
+        options.caches = cache_paths;
+        const auto stdin_users = std::count(cache_paths.begin(), cache_paths.end(), "-") +
+                                 (prompt_file == "-") + (requests_path == "-");
+        if (stdin_users > 1) throw kv::UsageError("standard input ('-') can be read only once");
+        if (!prompt_file.empty()) options.prompt = read_text(prompt_file);
+        kv::RequestsOptions requests;
+        if (app.count("--cache-memory"))
+            requests.cache_memory = static_cast<int64_t>(
+                std::min<uint64_t>(cache_memory, std::numeric_limits<int64_t>::max()));
+        kv::cli::Reporter reporter("kvserve-once", verbosity, kv::cli::Summary::when_verbose);
+        requests.answer = [](const kv::RequestResult& result) {
+            kv::cli::write_stdout(kv::json::dump(kv::to_json(result)) + "\n");
+        };
+        requests.progress = [&](const kv::RequestsReport& report) {
+            reporter.progress(kv::progress_line(report));
+        };
+        std::ifstream file;
+        if (requests_path != "-") {
+            file.open(requests_path);
+            if (!file)
+                throw kv::IoError("cannot open " + kv::quoted(requests_path) + ": " +
+                                  std::strerror(errno));
+        }
+        const kv::RequestsReport report =
+            kv::serve_requests(options, requests_path == "-" ? std::cin : file, requests);
+        reporter.finish(kv::summary(report));
+        if (!stats_path.empty()) write_stats(kv::to_json(report));
+        return report.failed > 0 ? 1 : 0;
+    };
+
     auto body = [&](CLI::App& app) {
         options.runtime = {model.model,    std::nullopt, compute.dtype,
                            compute.device, compute.mmap, compute.threads};
         if (!model.tokenizer.empty()) options.runtime.tokenizer = model.tokenizer;
         options.add_bos = !no_bos;
         if (app.count("--seed")) options.sampling.seed = seed;
+        if (app.count("--cache-memory") && requests_path.empty())
+            throw kv::UsageError(
+                "--cache-memory bounds the packets kept between requests: it goes with "
+                "--requests");
+        if (!requests_path.empty()) return serve_requests(app);
         if (!app.count("--prompt") && prompt_file.empty() && document_file.empty())
             throw kv::UsageError("give the prompt with --prompt TEXT or --prompt-file FILE");
         options.caches = cache_paths;
         const auto stdin_users = std::count(cache_paths.begin(), cache_paths.end(), "-") +
                                  (prompt_file == "-") + (document_file == "-");
         if (stdin_users > 1) throw kv::UsageError("standard input ('-') can be read only once");
-        auto read_text = [](const std::string& path) {
-            return path == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
-                               : kv::read_file_text(path);
-        };
         if (!prompt_file.empty()) options.prompt = read_text(prompt_file);
         if (!document_file.empty()) {
             options.document = read_text(document_file);
@@ -150,13 +217,7 @@ int main(int argc, char** argv) {
             kv::serve_once(options, [](std::string_view text) { kv::cli::write_stdout(text); });
         kv::cli::write_stdout("\n");
         reporter.finish(kv::summary(stats));
-        if (!stats_path.empty()) {
-            const std::string report = kv::json::dump(kv::stats_to_json(stats), 2) + "\n";
-            if (stats_path == "-")
-                std::fputs(report.c_str(), stderr);
-            else
-                kv::write_file_atomic(stats_path, report.data(), report.size());
-        }
+        if (!stats_path.empty()) write_stats(kv::stats_to_json(stats));
         return 0;
     };
 

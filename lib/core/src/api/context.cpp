@@ -16,33 +16,46 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                                   const CacheModelInfo& model_info,
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
-                                  const std::function<void(Packet&)>& before_append) {
+                                  const std::function<void(Packet&)>& before_append,
+                                  PacketSource* source) {
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point start) {
         return std::chrono::duration<double>(Clock::now() - start).count();
     };
     const int64_t context = model.config().max_position_embeddings;
     AssembledContext assembled;
+    DirectPacketSource direct;
+    PacketSource& packets = source ? *source : direct;
     std::optional<std::string> context_adapter;  // the first packet's; the others must agree
     for (const std::string& spec : caches) {
         const CacheSelection selection = parse_cache_selection(spec);
         auto read_start = Clock::now();
         // Shared with the indexes of offloaded packets, which read their layouts later.
-        const auto shared_reader = std::make_shared<const CacheReader>(selection.file);
+        const std::shared_ptr<const CacheReader> shared_reader = packets.store(selection.file);
         const CacheReader& reader = *shared_reader;
         assembled.read_seconds += since(read_start);
         CacheModelInfo expected = model_info;
         expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
         check_compatible(expected, reader.model(), reader.source());
-        std::vector<PacketInfo> selected = reader.packets();
-        if (!selection.id.empty()) selected = {reader.packet_info(selection.id)};
+        // One packet is found by its id, without reading the store's whole directory.
+        const std::vector<PacketInfo> selected =
+            selection.id.empty() ? reader.packets()
+                                 : std::vector<PacketInfo>{reader.packet_info(selection.id)};
         for (const PacketInfo& info : selected) {
             read_start = Clock::now();
             // An offloaded cache takes the keys and values plane by plane from the file, so
             // that memory never holds a whole packet.
             const bool by_plane = cache.offloaded();
-            Packet packet =
-                by_plane ? reader.read_without_tensors_or_layouts(info.id) : reader.read(info.id);
+            SourcedPacket sourced;
+            if (by_plane)
+                sourced.packet =
+                    std::make_shared<Packet>(reader.read_without_tensors_or_layouts(info.id));
+            else
+                sourced = packets.packet(shared_reader, info.id);
+            ++(sourced.from_memory ? assembled.packets_from_memory : assembled.packets_read);
+            // A packet kept for later questions is lent: the callback gets a copy of what it
+            // may take (the index), never the packet itself.
+            Packet& packet = *sourced.packet;
             if (by_plane && !packet.index.empty())
                 // Each plane's layout is read when its index is restored, then dropped: memory
                 // never holds every plane's (9 bytes per token and plane).
@@ -55,7 +68,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 by_plane ? 2 * packet.stored_length() * model_info.num_layers *
                                model_info.num_kv_heads * model_info.head_dim *
                                static_cast<int64_t>(cache_dtype_size(reader.model().dtype))
-                         : static_cast<int64_t>(packet.keys.size() + packet.values.size());
+                         : sourced.bytes_read;
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
             if (cache.length() == 0 && add_bos && !starts_with_bos) {
@@ -77,7 +90,18 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             else
                 check_same_adapter(*context_adapter, packet);
             cache.reserve(cache.length() + packet.stored_length() + reserve_extra);
-            if (before_append) before_append(packet);
+            if (before_append && sourced.kept) {
+                Packet lent;
+                lent.id = packet.id;
+                lent.logical_length = packet.logical_length;
+                lent.token_ids = packet.token_ids;
+                lent.head_lengths = packet.head_lengths;
+                lent.head_positions = packet.head_positions;
+                lent.index = packet.index;
+                before_append(lent);
+            } else if (before_append) {
+                before_append(packet);
+            }
             assembled.per_head = assembled.per_head || packet.ragged();
             assembled.packets.push_back({packet.id, cache.length(), packet.stored_length(),
                                          cache.next_position(), packet.header_tokens,

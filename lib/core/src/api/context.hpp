@@ -3,6 +3,7 @@
 // preamble), then every selected packet in order, its keys rotated to follow the previous one.
 #pragma once
 
+#include "kv/format/packet_source.hpp"
 #include "kv/model/model.hpp"
 #include "kv/packet.hpp"
 #include "kv/tokenizer.hpp"
@@ -30,16 +31,21 @@ struct AssembledContext {
     bool per_head = false;   ///< some packet keeps different tokens per head (kvcache.md 6.3)
     int64_t bytes_read = 0;  ///< keys and values read from the files
     double read_seconds = 0;
+    int64_t packets_from_memory = 0;  ///< packets the source kept from earlier questions
+    int64_t packets_read = 0;         ///< packets read from their files
 };
 
 /// Appends the packets of `caches` (FILE or FILE:ID each) to `cache`, checking that every file
 /// belongs to the model (`model_info`), that the packets share their adapter and that the
 /// context fits the model. `before_append(packet)` runs before each packet is appended, after
-/// those checks (sparse attention takes the packet's index there: it may move it out).
+/// those checks (sparse attention takes the packet's index there: it may move it out; a packet
+/// the source keeps for later questions comes as a copy without tensors then). Stores and
+/// packets come from `source` (a DirectPacketSource: opened and read here).
 AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer,
                                   const CacheModelInfo& model_info,
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
-                                  const std::function<void(Packet&)>& before_append = {});
+                                  const std::function<void(Packet&)>& before_append = {},
+                                  PacketSource* source = nullptr);
 
 }  // namespace kv

@@ -12,6 +12,7 @@
 #include "kv/sparse/sparse_attention.hpp"
 #include "kv/tokenizer.hpp"
 #include "runtime.hpp"
+#include "serve_session.hpp"
 
 #include <chrono>
 #include <optional>
@@ -35,9 +36,10 @@ using Emit = std::function<void(std::string_view)>;
 // the streamer's view of the text) is what the next one starts from.
 class Session {
   public:
-    /// Checks the options, loads the model and its tokenizer, and sets up sampling and the
-    /// decoding attention.
-    Session(const ServeOptions& options, ServeStats& stats);
+    /// Checks the options against the loaded model and its tokenizer, and sets up the decoding
+    /// attention; `sampler` samples, and the stores and packets come from `packets`.
+    Session(const ServeOptions& options, ServeStats& stats, Sampler sampler, const Runtime& runtime,
+            PacketSource& packets);
     /// The --cache packets, in order, realigned, into a cache of the chosen tier; their indexes
     /// go to the sparse attention.
     void assemble_packets();
@@ -61,7 +63,8 @@ class Session {
     const ServeOptions& options_;
     ServeStats& stats_;
     Sampler sampler_;
-    const Runtime runtime_;
+    const Runtime& runtime_;
+    PacketSource& packets_;
     const Model& model_;
     const Tokenizer& tokenizer_;
     const int64_t context_;
@@ -84,18 +87,13 @@ const ServeOptions& checked(const ServeOptions& options) {
     return options;
 }
 
-Session::Session(const ServeOptions& options, ServeStats& stats)
-    : options_(checked(options)),
+Session::Session(const ServeOptions& options, ServeStats& stats, Sampler sampler,
+                 const Runtime& runtime, PacketSource& packets)
+    : options_(options),
       stats_(stats),
-      sampler_(options.sampling),
-      runtime_([&] {
-          stats.threads = set_compute_threads(options.runtime.threads);
-          stats.seed = sampler_.seed();
-          const auto load_start = Clock::now();
-          Runtime runtime = load_runtime(options.runtime);
-          stats.load_seconds = seconds_since(load_start);
-          return runtime;
-      }()),
+      sampler_(std::move(sampler)),
+      runtime_(runtime),
+      packets_(packets),
       model_(*runtime_.model),
       tokenizer_(*runtime_.tokenizer),
       context_(model_.config().max_position_embeddings),
@@ -146,9 +144,12 @@ void Session::assemble_packets() {
             2 + 64 + options_.max_new_tokens + static_cast<int64_t>(prompt_ids_.size());
         for (const std::string& spec : options_.caches) {
             const CacheSelection selection = parse_cache_selection(spec);
-            const CacheReader reader(selection.file);
-            for (const PacketInfo& info : reader.packets())
-                if (selection.id.empty() || info.id == selection.id) tokens += info.stored_length;
+            const std::shared_ptr<const CacheReader> reader = packets_.store(selection.file);
+            if (!selection.id.empty())
+                tokens += reader->packet_info(selection.id).stored_length;
+            else
+                for (const PacketInfo& info : reader->packets())
+                    tokens += info.stored_length;
         }
         return tokens;
     };
@@ -163,7 +164,8 @@ void Session::assemble_packets() {
     // Baked packets first, in order, each realigned to follow the previous one.
     assembled_ = kv::assemble_packets(
         model_, tokenizer_, runtime_.cache_info, options_.caches, has_bos_,
-        options_.max_new_tokens + 64, cache, [&](Packet& packet) {
+        options_.max_new_tokens + 64, cache,
+        [&](Packet& packet) {
             report({"packets", ++packets_read_, 0});
             if (!sparse_) return;
             if (packet.padded())
@@ -174,10 +176,13 @@ void Session::assemble_packets() {
                                        ") does not handle that yet: use --attention full");
             sparse_->add_stored_index(cache.length(), cache.next_position(),
                                       std::move(packet.index));
-        });
+        },
+        &packets_);
     if (packets_read_ > 0) report({"packets", packets_read_, packets_read_});
     stats_.cache_load_seconds = assembled_.read_seconds;
     stats_.cache_bytes_read = assembled_.bytes_read;
+    stats_.packets_read = assembled_.packets_read;
+    stats_.packets_from_memory = assembled_.packets_from_memory;
     if (assembled_.bos_added) streamer_->push(tokenizer_.bos_id());
     // Adapter soft tokens (id -1) have no text.
     for (int32_t id : assembled_.tokens)
@@ -384,18 +389,42 @@ void Session::finish_stats() {
             static_cast<double>(stats_.prompt_tokens) / stats_.prefill_seconds;
 }
 
-}  // namespace
-
-ServeStats serve_once(const ServeOptions& options, const Emit& emit) {
-    ServeStats stats;
-    torch::NoGradGuard no_grad;
-    Session session(options, stats);
+void run(Session& session, const Emit& emit) {
     session.assemble_packets();
     session.recompute();
     session.prefill_document();
     session.prefill_prompt(emit);
     session.decode(emit);
     session.finish_stats();
+}
+
+}  // namespace
+
+ServeStats serve_loaded(const ServeOptions& options, const Runtime& runtime, PacketSource& packets,
+                        const Emit& emit, int threads) {
+    ServeStats stats;
+    torch::NoGradGuard no_grad;
+    Sampler sampler(checked(options).sampling);
+    stats.threads = threads;
+    stats.seed = sampler.seed();
+    Session session(options, stats, std::move(sampler), runtime, packets);
+    run(session, emit);
+    return stats;
+}
+
+ServeStats serve_once(const ServeOptions& options, const Emit& emit) {
+    ServeStats stats;
+    torch::NoGradGuard no_grad;
+    // The options alone are checked before the model loads, then everything against it.
+    Sampler sampler(checked(options).sampling);
+    stats.threads = set_compute_threads(options.runtime.threads);
+    stats.seed = sampler.seed();
+    const auto load_start = Clock::now();
+    const Runtime runtime = load_runtime(options.runtime);
+    stats.load_seconds = seconds_since(load_start);
+    DirectPacketSource packets;
+    Session session(options, stats, std::move(sampler), runtime, packets);
+    run(session, emit);
     return stats;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kv/api/report.hpp"
+#include "kv/json.hpp"
 #include "kv/runtime.hpp"
 #include "kv/sampler.hpp"
 #include "kv/sparse/options.hpp"
@@ -11,14 +12,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iosfwd>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-namespace kv::json {
-class Value;
-}
 
 namespace kv {
 
@@ -83,11 +81,14 @@ struct ServeStats {
     /// After its last layer, waiting for the index worker (the part of the index work that
     /// did not overlap the prefill).
     double index_wait_seconds = 0;
-    std::string offload;               ///< as ServeOptions::offload
-    int64_t offloaded_bytes = 0;       ///< the files an offloaded cache and its index keys live in
-    int64_t cache_tokens = 0;          ///< tokens taken from --cache files
-    int64_t cache_bytes_read = 0;      ///< bytes of keys and values read from them
-    double cache_load_seconds = 0;     ///< reading them (included in time to first token)
+    std::string offload;           ///< as ServeOptions::offload
+    int64_t offloaded_bytes = 0;   ///< the files an offloaded cache and its index keys live in
+    int64_t cache_tokens = 0;      ///< tokens taken from --cache files
+    int64_t cache_bytes_read = 0;  ///< bytes of keys and values read from them
+    int64_t packets_read = 0;      ///< packets read from their files
+    /// Packets taken from memory instead, kept since an earlier request (serve_requests).
+    int64_t packets_from_memory = 0;
+    double cache_load_seconds = 0;  ///< reading them (included in time to first token)
     int64_t total_context_tokens = 0;  ///< positions before generation: cached and prompt
     /// From the start of context assembly (reading caches, realigning, prefilling the prompt) to
     /// the first sampled token.
@@ -134,6 +135,78 @@ ServeStats serve_once(const ServeOptions& options,
                       const std::function<void(std::string_view)>& emit);
 
 json::Value stats_to_json(const ServeStats& stats);
+
+// ---------------------------------------------------------------------------------------------
+// Many questions in one process (kvserve-once --requests): the model loaded once, each store
+// opened once, loaded packets kept in memory for the next questions.
+
+/// One request's answer, or why it has none: a line of kvserve-once --requests's output.
+struct RequestResult {
+    int64_t line = 0;  ///< of the request in the input, from 1
+    json::Value id;    ///< as the request gave it (null when the line has none)
+    bool ok = false;
+    std::string text;    ///< the answer (with echo, the prompt first)
+    std::string error;   ///< one line, when not ok
+    ServeStats stats;    ///< when ok
+    double seconds = 0;  ///< serving it, from reading its line to its last token
+};
+
+/// What a run of requests did, so far or in all.
+struct RequestsReport {
+    int64_t requests = 0;  ///< lines that were not blank
+    int64_t answered = 0;
+    int64_t failed = 0;
+    double load_seconds = 0;  ///< the model and tokenizer, once
+    double seconds = 0;       ///< serving the requests, after loading
+    int threads = 0;
+    int64_t cache_memory = 0;         ///< RequestsOptions::cache_memory
+    int64_t stores = 0;               ///< cache files opened
+    int64_t packets_read = 0;         ///< packets read from their files
+    int64_t packets_from_memory = 0;  ///< packets kept since an earlier request
+    int64_t packets_evicted = 0;      ///< dropped to make room for others
+    int64_t kept_bytes = 0;           ///< of packets in memory at the end
+    int64_t peak_kept_bytes = 0;
+    int64_t bytes_read = 0;  ///< keys and values read from the files
+};
+
+struct RequestsOptions {
+    /// Bytes of loaded packets kept in memory for later requests, the least recently used
+    /// dropped first; 0 keeps none. Packets offloaded to disk are never loaded (unused then).
+    int64_t cache_memory = int64_t{1} << 30;
+    /// Receives each request's result as soon as it is known, in input order; an exception it
+    /// throws (a closed output) ends the run.
+    std::function<void(const RequestResult&)> answer;
+    /// After each request.
+    std::function<void(const RequestsReport&)> progress;
+};
+
+/// Serves the requests of `input`, one JSON object per line (blank lines skipped), each with an
+/// "id" (a string or an integer), its "prompt" and its "cache" (FILE[:ID] strings, in order)
+/// and any of the per-request fields of request_options(); `defaults` gives what a request
+/// leaves out, and the model, tokenizer, device, dtype, threads and offloading of them all.
+/// The model is loaded once. A request that fails (a bad line, a missing packet, a prompt too
+/// long) gets its error in its result and the run goes on. Throws for what ends the run: the
+/// model not loading, a usage error in `defaults`, an unreadable input, `answer` throwing.
+RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
+                              const RequestsOptions& options);
+
+/// `defaults` with the fields of one request (a JSON object): id, prompt, cache (an array of
+/// FILE[:ID] or one string), n_predict, temp, top_p, seed, echo, ignore_eos, attention, budget,
+/// dense_layers, reuse_layers, field_of_view, sparse_prompt, measure_recall, recompute,
+/// recompute_ratio, recompute_tokens: the command line's options of those names, each checked
+/// as its option is. Throws UsageError naming the field for a wrong type or value and for a
+/// field it does not know.
+ServeOptions request_options(const json::Value& request, const ServeOptions& defaults);
+
+/// A request's output line: {"id", "text", "stats"} (the stats of stats_to_json() less
+/// load_seconds, with packets_read, packets_from_memory and the request's seconds), or {"id",
+/// "line", "error"}.
+json::Value to_json(const RequestResult& result);
+json::Value to_json(const RequestsReport& report);
+/// "12 requests: 11 answered, 1 failed, 3.4/s; packets 80 read, 16 from memory (12.3 MiB kept)"
+ProgressLine progress_line(const RequestsReport& report);
+/// kvserve-once --requests -v: the same after the last request, with the load time.
+std::string summary(const RequestsReport& report);
 /// kvserve-once's progress: "document layers: 5/16".
 ProgressLine progress_line(const ServeProgress& progress);
 /// kvserve-once -v: "12 prompt tokens after 4096 cached, 32 generated (eos); first token after

@@ -1,0 +1,90 @@
+// Where decoding gets the stores and packets of its context: opened and read when asked (one
+// question, kvserve-once), or kept between questions within a memory bound (kvserve-once
+// --requests: each store opened once, each packet read once while it stays in memory).
+#pragma once
+
+#include "kv/format/cache_reader.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+namespace kv {
+
+/// A packet handed out by a PacketSource, with its tensors.
+struct SourcedPacket {
+    std::shared_ptr<Packet> packet;
+    /// The source keeps it for later questions: the caller must not change it. Otherwise it is
+    /// the caller's alone (its index may be moved out, say).
+    bool kept = false;
+    bool from_memory = false;  ///< taken from memory, not read from the store
+    int64_t bytes_read = 0;    ///< keys and values read from the file for it (0 from memory)
+};
+
+class PacketSource {
+  public:
+    virtual ~PacketSource() = default;
+    /// The store at `file` ("-": standard input), open.
+    virtual std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) = 0;
+    /// Packet `id` of `store` (one this source gave), with its tensors; throws as
+    /// CacheReader::read does (FormatError naming the id when the store has no such packet).
+    virtual SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
+                                 const std::string& id) = 0;
+};
+
+/// Opens a store every time one is asked for and reads every packet anew, keeping nothing: one
+/// question.
+class DirectPacketSource final : public PacketSource {
+  public:
+    std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
+    SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
+                         const std::string& id) override;
+};
+
+/// The memory a loaded packet takes: its tensors, token ids, positions, per-head positions and
+/// IceCache index (the quantised codes it was read from are dropped when it is kept).
+int64_t packet_memory(const Packet& packet);
+
+/// Keeps every store open (one reader per path, as named) and the packets it read in memory,
+/// up to `capacity` bytes (packet_memory): when a new packet does not fit, the least recently
+/// used ones go first, and a packet larger than the capacity is handed out without being kept.
+/// A packet asked for again while kept is not read again. Not thread-safe.
+class PacketCache final : public PacketSource {
+  public:
+    explicit PacketCache(int64_t capacity);
+    std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
+    SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
+                         const std::string& id) override;
+
+    struct Stats {
+        int64_t stores = 0;        ///< opened
+        int64_t hits = 0;          ///< packets taken from memory
+        int64_t misses = 0;        ///< packets read from their store
+        int64_t evictions = 0;     ///< packets dropped to make room
+        int64_t kept_packets = 0;  ///< in memory now
+        int64_t kept_bytes = 0;    ///< their packet_memory, now
+        int64_t peak_bytes = 0;    ///< the most kept at once
+        int64_t bytes_read = 0;    ///< keys and values read from stores
+    };
+    const Stats& stats() const { return stats_; }
+    int64_t capacity() const { return capacity_; }
+
+  private:
+    using Key = std::pair<const CacheReader*, std::string>;
+    struct Entry {
+        Key key;
+        std::shared_ptr<Packet> packet;
+        int64_t bytes = 0;
+    };
+    int64_t capacity_;
+    Stats stats_;
+    std::map<std::string, std::shared_ptr<const CacheReader>> stores_;
+    std::list<Entry> recent_;  ///< most recently used first
+    std::map<Key, std::list<Entry>::iterator> entries_;
+};
+
+}  // namespace kv

@@ -1,0 +1,90 @@
+#include "kv/format/packet_source.hpp"
+
+#include "kv/error.hpp"
+
+namespace kv {
+
+std::shared_ptr<const CacheReader> DirectPacketSource::store(const std::filesystem::path& file) {
+    return std::make_shared<const CacheReader>(file);
+}
+
+SourcedPacket DirectPacketSource::packet(const std::shared_ptr<const CacheReader>& store,
+                                         const std::string& id) {
+    SourcedPacket sourced;
+    sourced.packet = std::make_shared<Packet>(store->read(id));
+    sourced.bytes_read =
+        static_cast<int64_t>(sourced.packet->keys.size() + sourced.packet->values.size());
+    return sourced;
+}
+
+int64_t packet_memory(const Packet& packet) {
+    std::size_t bytes = sizeof(Packet) + packet.id.size() + packet.text_sha256.size() +
+                        packet.adapter_fingerprint.size() + packet.keys.size() +
+                        packet.values.size() + packet.token_ids.size() * sizeof(int32_t) +
+                        packet.positions.size() * sizeof(int64_t) +
+                        (packet.head_lengths.size() + packet.head_positions.size()) *
+                            sizeof(int64_t);
+    const PacketIndex& index = packet.index;
+    bytes += index.projection.size() * sizeof(float) +
+             index.segments.size() * sizeof(IndexSegment) + index.layers.size() * sizeof(int64_t);
+    for (const DciLayout& layout : index.layouts)
+        bytes += sizeof(DciLayout) + layout.levels.size() * sizeof(int8_t) +
+                 (layout.parents.size() + layout.page_sizes.size() + layout.page_tokens.size()) *
+                     sizeof(int32_t);
+    return static_cast<int64_t>(bytes);
+}
+
+PacketCache::PacketCache(int64_t capacity) : capacity_(capacity) {
+    if (capacity < 0)
+        throw UsageError("the memory for loaded packets must be >= 0, not " +
+                         std::to_string(capacity));
+}
+
+std::shared_ptr<const CacheReader> PacketCache::store(const std::filesystem::path& file) {
+    auto& reader = stores_[file.string()];
+    if (!reader) {
+        reader = std::make_shared<const CacheReader>(file);
+        ++stats_.stores;
+    }
+    return reader;
+}
+
+SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& store,
+                                  const std::string& id) {
+    SourcedPacket sourced;
+    const Key key{store.get(), id};
+    if (const auto found = entries_.find(key); found != entries_.end()) {
+        recent_.splice(recent_.begin(), recent_, found->second);  // now the most recent
+        ++stats_.hits;
+        sourced.packet = found->second->packet;
+        sourced.kept = true;
+        sourced.from_memory = true;
+        return sourced;
+    }
+    sourced.packet = std::make_shared<Packet>(store->read(id));
+    Packet& packet = *sourced.packet;
+    // The codes of a quantised packet serve only to write it back unchanged.
+    packet.stored_quantized.reset();
+    sourced.bytes_read = static_cast<int64_t>(packet.keys.size() + packet.values.size());
+    ++stats_.misses;
+    stats_.bytes_read += sourced.bytes_read;
+    const int64_t bytes = packet_memory(packet);
+    if (bytes > capacity_) return sourced;  // handed out, not kept
+    while (stats_.kept_bytes + bytes > capacity_) {
+        const Entry& oldest = recent_.back();
+        stats_.kept_bytes -= oldest.bytes;
+        --stats_.kept_packets;
+        ++stats_.evictions;
+        entries_.erase(oldest.key);
+        recent_.pop_back();
+    }
+    recent_.push_front({key, sourced.packet, bytes});
+    entries_.emplace(key, recent_.begin());
+    stats_.kept_bytes += bytes;
+    ++stats_.kept_packets;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.kept_bytes);
+    sourced.kept = true;
+    return sourced;
+}
+
+}  // namespace kv

@@ -1,0 +1,67 @@
+# kvserve-once --requests: the requests of requests.jsonl (good lines and bad ones) served by one
+# process over a store baked here. One line out per request, in input order: answers with their
+# token counts and packets (read from the store, or kept in memory since an earlier request),
+# errors naming the request's line; the job goes on after a failed request and exits 1. Every
+# answer is the one kvserve-once gives the same question alone. A prompt too long for the
+# model's context fails its request only; standard input serves as the requests file.
+. "$KV_CLI_LIB"
+tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
+$tasks niah --tokens 256 --documents 3 --count 2 --seed 4 -o data.jsonl
+$tasks bake-input data.jsonl -o docs.jsonl
+kvbake -m "$demo" --no-bos docs.jsonl -o store.kvc -q
+kvindex store.kvc -o store.kvc -q
+cp "$KV_CASE_DIR/requests.jsonl" .
+# A prompt longer than the demo model's 32,768 positions, as the last request.
+/usr/bin/python3 -c '
+import json
+print(json.dumps({"id": "too long", "cache": ["store.kvc:niah-256-0/0"], "prompt": "x " * 40000}))' \
+    >> requests.jsonl
+serve() { kvserve-once -m "$demo" -t 1 --seed 1 -n 8 --temp 0 "$@"; }
+serve --requests requests.jsonl --stats totals.json > answers.jsonl
+echo "exit $?"
+/usr/bin/python3 - <<'PY'
+import json
+keep = ("prompt_tokens", "generated_tokens", "stop_reason", "cache_tokens", "context_tokens",
+        "attention", "budget", "packets_read", "packets_from_memory")
+for line in open("answers.jsonl"):
+    answer = json.loads(line)
+    if "stats" in answer:
+        answer["stats"] = {k: answer["stats"][k] for k in keep if k in answer["stats"]}
+    print(json.dumps(answer))
+totals = json.load(open("totals.json"))
+print({k: totals[k] for k in ("requests", "answered", "failed", "stores", "packets_read",
+                              "packets_from_memory", "packets_evicted")})
+PY
+# The same questions one process each: the same text.
+/usr/bin/python3 - > alone.sh <<'PY'
+import json, shlex
+options = {"attention": "--attention", "budget": "--budget", "dense_layers": "--dense-layers"}
+for line in open("requests.jsonl"):
+    request = json.loads(line) if line.startswith('{"id": "q') or line.startswith('{"id": 2') else None
+    if not request:
+        continue
+    # -n as the request gives it, else the job's -n 8 (the option may be given once).
+    words = ["alone", "-n", str(request.get("n_predict", 8)), "--prompt", request["prompt"]]
+    for spec in request["cache"]:
+        words += ["--cache", spec]
+    for field, option in options.items():
+        if field in request:
+            words += [option, str(request[field])]
+    words += ["--echo"] if request.get("echo") else []
+    words += ["--sparse-prompt"] if request.get("sparse_prompt") else []
+    print(" ".join(shlex.quote(w) for w in words))
+PY
+alone() { kvserve-once -m "$demo" -t 1 --seed 1 --temp 0 "$@"; }
+while read -r command; do eval "$command"; done < alone.sh > alone.txt
+/usr/bin/python3 - <<'PY'
+import json
+alone = open("alone.txt").read().split("\n")
+answers = [json.loads(l) for l in open("answers.jsonl") if "text" in json.loads(l)]
+print("answers as alone:", [a["text"] for a in answers] == alone[:len(answers)])
+PY
+# Requests from standard input; --cache-memory 0 keeps no packet.
+head -1 requests.jsonl | serve --requests - --cache-memory 0 | cut -c1-40
+serve --requests requests.jsonl --document docs.jsonl 2>&1; echo "exit $?"
+serve --prompt x --cache-memory 1g 2>&1; echo "exit $?"
+serve --requests requests.jsonl --offload disk --cache-memory 1g 2>&1; echo "exit $?"
+serve --requests - --cache - < store.kvc 2>&1; echo "exit $?"
