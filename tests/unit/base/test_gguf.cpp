@@ -282,7 +282,7 @@ TEST_CASE("a llama-architecture GGUF file gives the decoder's config", "[gguf]")
     CHECK(config.weights_dtype == "bf16");
 }
 
-TEST_CASE("qwen2 and qwen3 GGUF files give their flags; Llama 3's RoPE factors are recognised",
+TEST_CASE("qwen2 and qwen3 GGUF files give their flags, and Llama 3 RoPE factors are recognised",
           "[gguf]") {
     for (const std::string architecture : {"qwen2", "qwen3"}) {
         GgufWriter writer = llama_metadata(architecture, 4, 32);
