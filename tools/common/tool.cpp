@@ -135,11 +135,13 @@ int thread_limit() {
 }
 
 void add_model_options(CLI::App& app, ModelOptions& options, bool required) {
-    auto* model = app.add_option("-m,--model", options.model,
-                                 "Hugging Face model folder or llama2.c checkpoint file");
+    auto* model =
+        app.add_option("-m,--model", options.model,
+                       "Hugging Face model folder, GGUF file or llama2.c checkpoint file");
     if (required) model->required();
     app.add_option("--tokenizer", options.tokenizer,
-                   "Tokenizer override: tokenizer.json, tokenizer.model or a llama2.c tok*.bin");
+                   "Tokenizer override: tokenizer.json, tokenizer.model, a GGUF file or a "
+                   "llama2.c tok*.bin");
 }
 
 void add_cache_output_options(CLI::App& app, CacheWriteOptions& write, bool& json_report) {
