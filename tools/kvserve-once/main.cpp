@@ -1,9 +1,11 @@
 // kvserve-once: one-shot decoding of a prompt.
+#include "kv/api/chat.hpp"
 #include "kv/api/serve.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 #include "kv/mapped_file.hpp"
 #include "kv/sparse/options.hpp"
+#include "kv/text/chat_template.hpp"
 #include "tool.hpp"
 
 #include <algorithm>
@@ -25,6 +27,8 @@ int main(int argc, char** argv) {
     uint64_t seed = 0;
     uint64_t cache_memory = 0;
     bool no_bos = false;
+    bool chat = false;
+    std::string system;
 
     auto configure = [&](CLI::App& app) {
         kv::cli::add_model_options(app, model);
@@ -67,6 +71,12 @@ int main(int argc, char** argv) {
         app.add_flag("--echo", options.echo, "Print the prompt before the continuation");
         app.add_flag("--ignore-eos", options.ignore_eos, "Do not stop at end-of-generation tokens");
         app.add_flag("--no-bos", no_bos, "Do not start the prompt with the BOS token");
+        app.add_flag("--chat", chat,
+                     "Wrap the prompt in the model's own chat template (tokenizer_config.json's "
+                     "chat_template, or a GGUF file's) as the user's message, with the "
+                     "generation prompt; with --document the template's start goes before the "
+                     "document and the prompt ends the user's turn");
+        app.add_option("--system", system, "With --chat: a system message first");
         app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
             ->default_val(512)
             ->check(kv::cli::whole_number(1, 16384));
@@ -196,6 +206,11 @@ int main(int argc, char** argv) {
             throw kv::UsageError(
                 "--cache-memory bounds the packets kept between requests: it goes with "
                 "--requests");
+        if (!system.empty() && !chat)
+            throw kv::UsageError("--system is a message of the chat template: give --chat");
+        if (chat && !requests_path.empty())
+            throw kv::UsageError(
+                "--chat wraps one prompt; --requests takes its prompts as they are");
         if (!requests_path.empty()) return serve_requests(app);
         if (!app.count("--prompt") && prompt_file.empty() && document_file.empty())
             throw kv::UsageError("give the prompt with --prompt TEXT or --prompt-file FILE");
@@ -208,6 +223,27 @@ int main(int argc, char** argv) {
             options.document = read_text(document_file);
             if (options.document.empty())
                 throw kv::FormatError("the document " + kv::quoted(document_file) + " is empty");
+        }
+        if (chat) {
+            // The template writes BOS where the model wants one, as transformers'
+            // apply_chat_template renders and tokenizes the conversation.
+            const kv::text::ModelChatTemplate tmpl = kv::model_chat_template(
+                model.model, options.runtime.tokenizer, std::nullopt, "--chat");
+            if (!options.caches.empty())
+                throw kv::UnsupportedError(
+                    "--chat with --cache: the chat template's start would have to go before the "
+                    "packets; give --document, or bake the context with the template around it");
+            if (!options.document.empty()) {
+                const kv::text::ChatPreamble preamble = kv::text::chat_preamble(tmpl, system);
+                options.document = preamble.before + options.document;
+                options.prompt += preamble.after;
+            } else {
+                options.prompt =
+                    kv::text::ChatTemplate(tmpl.source)
+                        .render(kv::text::chat_variables(
+                            tmpl, kv::text::chat_messages(system, options.prompt), true));
+            }
+            options.add_bos = false;
         }
         kv::cli::Reporter reporter("kvserve-once", verbosity, kv::cli::Summary::when_verbose);
         options.progress = [&](const kv::ServeProgress& progress) {
