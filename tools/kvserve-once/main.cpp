@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
         app.add_flag("--chat", chat,
                      "Wrap the prompt in the model's own chat template (tokenizer_config.json's "
                      "chat_template, or a GGUF file's) as the user's message, with the "
-                     "generation prompt; with --document the template's start goes before the "
-                     "document and the prompt ends the user's turn");
+                     "generation prompt; with --cache or --document the template's start goes "
+                     "before the context (KV Packet's preamble) and the prompt ends the user's "
+                     "turn");
         app.add_option("--system", system, "With --chat: a system message first");
         app.add_option("--batch-size", options.prefill_chunk, "Prompt tokens per prefill step")
             ->default_val(512)
@@ -229,13 +230,14 @@ int main(int argc, char** argv) {
             // apply_chat_template renders and tokenizes the conversation.
             const kv::text::ModelChatTemplate tmpl = kv::model_chat_template(
                 model.model, options.runtime.tokenizer, std::nullopt, "--chat");
-            if (!options.caches.empty())
-                throw kv::UnsupportedError(
-                    "--chat with --cache: the chat template's start would have to go before the "
-                    "packets; give --document, or bake the context with the template around it");
-            if (!options.document.empty()) {
+            if (!options.caches.empty() || !options.document.empty()) {
+                // KV Packet's layout: the template's start before the context (the packets, or
+                // the document), the end of the user's turn after the prompt.
                 const kv::text::ChatPreamble preamble = kv::text::chat_preamble(tmpl, system);
-                options.document = preamble.before + options.document;
+                if (options.caches.empty())
+                    options.document = preamble.before + options.document;
+                else
+                    options.preamble = preamble.before;
                 options.prompt += preamble.after;
             } else {
                 options.prompt =

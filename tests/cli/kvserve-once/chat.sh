@@ -2,7 +2,8 @@
 # the demo model given Zephyr's layout in its tokenizer_config.json), with the generation prompt,
 # and the model reads exactly what the template renders (BOS written by the template, none added);
 # with --document the template's start goes before the document and the prompt ends the user's
-# turn. A model without a template, --system without --chat, and --chat with --cache are refused.
+# turn; with --cache it is prefilled before the packets. A model without a template and --system
+# without --chat are refused.
 . "$KV_CLI_LIB"
 mkdir chat && for f in config.json model.safetensors tokenizer.json; do ln -s "$demo/$f" chat/$f; done
 /usr/bin/python3 -c "
@@ -29,6 +30,17 @@ serve -m chat --chat --document document.txt -p "Who wrote it?" > chat-document.
 serve -m chat --no-bos --document wrapped.txt -p $'Who wrote it?</s>\n<|assistant|>\n' > by-hand-document.txt
 cmp -s chat-document.txt by-hand-document.txt && echo "--chat --document = the template around the document"
 
+# --cache: KV Packet's preamble, the template's start, prefilled before the packets instead of
+# BOS: as if it were baked as a first packet of its own.
+kvbake -m chat --no-bos document.txt -o document.kvc -q
+serve -m chat --chat --cache document.kvc -p "Who wrote it?" --stats stats.json > chat-cache.txt
+printf '<s><|user|>\n' > start.txt
+kvbake -m chat --no-bos start.txt -o start.kvc -q
+serve -m chat --no-bos --cache start.kvc --cache document.kvc -p $'Who wrote it?</s>\n<|assistant|>\n' > by-hand-cache.txt
+cmp -s chat-cache.txt by-hand-cache.txt && echo "--chat --cache = the template's start as a first packet"
+/usr/bin/python3 -c "
+import json; s = json.load(open('stats.json'))
+print('context:', s['context_tokens'], '= start', s['context_tokens'] - s['cache_tokens'] - s['prompt_tokens'], '+ packet', s['cache_tokens'], '+ prompt', s['prompt_tokens'])"
+
 run kvserve-once -m "$demo" --chat -p hi
 run kvserve-once -m chat --system "Be brief." -p hi
-run kvserve-once -m chat --chat --cache x.kvc -p hi

@@ -74,6 +74,7 @@ class Session {
     std::optional<TextStreamer> streamer_;
     std::optional<KvCache> cache_;
     std::vector<int32_t> prompt_ids_;
+    std::vector<int32_t> preamble_ids_;
     AssembledContext assembled_;
     int64_t packets_read_ = 0;
     torch::Tensor logits_;
@@ -132,6 +133,11 @@ Session::Session(const ServeOptions& options, ServeStats& stats, Sampler sampler
                                    model_.device().str() + ")");
     }
     prompt_ids_ = tokenizer_.encode(options_.prompt);
+    if (!options_.preamble.empty()) {
+        if (options_.caches.empty())
+            throw UsageError("a preamble goes before --cache packets: give --cache");
+        preamble_ids_ = tokenizer_.encode(options_.preamble);
+    }
 }
 
 void Session::assemble_packets() {
@@ -141,7 +147,8 @@ void Session::assemble_packets() {
     auto planned_tokens = [&] {
         // (assemble_packets asks for 64 tokens to spare after each packet.)
         int64_t tokens =
-            2 + 64 + options_.max_new_tokens + static_cast<int64_t>(prompt_ids_.size());
+            2 + 64 + options_.max_new_tokens + static_cast<int64_t>(prompt_ids_.size()) +
+            static_cast<int64_t>(preamble_ids_.size());
         for (const std::string& spec : options_.caches) {
             const CacheSelection selection = parse_cache_selection(spec);
             const std::shared_ptr<const CacheReader> reader = packets_.store(selection.file);
@@ -161,9 +168,16 @@ void Session::assemble_packets() {
     stats_.offloaded_bytes = cache.offloaded_bytes();
     prefill_start_ = Clock::now();
 
-    // Baked packets first, in order, each realigned to follow the previous one.
+    // KV Packet's preamble (the chat template's start) in place of BOS, then the baked packets,
+    // in order, each realigned to follow the previous one.
+    if (!preamble_ids_.empty()) {
+        model_.prefill(preamble_ids_, cache);
+        for (int32_t id : preamble_ids_)
+            streamer_->push(id);
+    }
     assembled_ = kv::assemble_packets(
-        model_, tokenizer_, runtime_.cache_info, options_.caches, has_bos_,
+        model_, tokenizer_, runtime_.cache_info, options_.caches,
+        has_bos_ && preamble_ids_.empty(),
         options_.max_new_tokens + 64, cache,
         [&](Packet& packet) {
             report({"packets", ++packets_read_, 0});

@@ -56,6 +56,10 @@ struct ServeOptions {
     std::string document;
     bool echo = false;    ///< emit the prompt text before the continuation
     bool add_bos = true;  ///< start with BOS when the tokenizer has one and asks for it
+    /// Text put before the --cache packets instead of BOS (kvserve-once --chat: the chat
+    /// template's start, KV Packet's preamble), tokenized with the special tokens it writes
+    /// recognised and nothing added. Empty: BOS as add_bos says.
+    std::string preamble;
     int64_t max_new_tokens = 256;
     bool ignore_eos = false;  ///< keep going past end-of-generation tokens
     int64_t prefill_chunk = 512;
