@@ -32,6 +32,12 @@ int main(int argc, char** argv) {
         app.add_option("--adapter", adapter,
                        "Wrap every document as a KV Packet [header][document][trailer] with this "
                        "adapter file (kvtrain); packets then start with the header, not BOS");
+        app.add_flag("--chat-preamble", options.chat_preamble,
+                     "Also bake KV Packet's preamble, the model's chat template's start, as a "
+                     "first packet 'chat-preamble' (as it is: no BOS added, no adapter), for "
+                     "kvpack --preamble and kvserve-once --chat");
+        app.add_option("--system", options.system,
+                       "With --chat-preamble: a system message at the start of the conversation");
         app.add_option("--batch-tokens", options.batch_tokens,
                        "Most tokens per forward pass; shorter documents are packed together")
             ->default_val(512)
@@ -55,6 +61,9 @@ int main(int argc, char** argv) {
     };
 
     auto body = [&] {
+        if (!options.system.empty() && !options.chat_preamble)
+            throw kv::UsageError(
+                "--system is a message of the chat template: give --chat-preamble");
         options.model = model.model;
         if (!model.tokenizer.empty()) options.tokenizer = model.tokenizer;
         options.output = output;

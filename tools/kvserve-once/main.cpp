@@ -236,8 +236,8 @@ int main(int argc, char** argv) {
                 const kv::text::ChatPreamble preamble = kv::text::chat_preamble(tmpl, system);
                 if (options.caches.empty())
                     options.document = preamble.before + options.document;
-                else
-                    options.preamble = preamble.before;
+                else if (!kv::context_starts_with_chat_preamble(options.caches, preamble.before))
+                    options.preamble = preamble.before;  // else baked: kvbake --chat-preamble
                 options.prompt += preamble.after;
             } else {
                 options.prompt =

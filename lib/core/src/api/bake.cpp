@@ -1,5 +1,6 @@
 #include "kv/api/bake.hpp"
 
+#include "kv/api/chat.hpp"
 #include "kv/documents.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
@@ -147,6 +148,17 @@ BakeReport bake(const BakeOptions& options) {
         store_lock.emplace(options.output);
         if (store_lock->locked()) store = std::make_unique<CacheReader>(options.output);
     }
+    const bool bake_preamble = options.chat_preamble && options.shard_index == 0;
+    if (bake_preamble) {
+        for (const Document& document : all_documents)
+            if (document.id == chat_preamble_packet_id)
+                throw UsageError(describe(document) + " has the id " +
+                                 quoted(chat_preamble_packet_id) +
+                                 ", which --chat-preamble gives the chat template's start");
+        if (store && store->has_packet(chat_preamble_packet_id))
+            throw MismatchError(store->source() + " already holds a " +
+                                quoted(chat_preamble_packet_id) + " packet");
+    }
     std::vector<const Document*> documents;
     for (std::size_t i = 0; i < all_documents.size(); ++i) {
         if (static_cast<int64_t>(i) % options.shard_count != options.shard_index) continue;
@@ -175,6 +187,20 @@ BakeReport bake(const BakeOptions& options) {
         const Adapter loaded = load_adapter(*options.adapter, model, runtime.cache_info);
         adapter = BakeAdapter{adapter_tensors(loaded, model.device()), loaded.fingerprint(),
                               loaded.header_tokens(), loaded.trailer_tokens()};
+    }
+    // The chat template's start, as kvserve-once --chat and kvtrain --chat-preamble render it.
+    std::optional<ChatPreambleTokens> chat;
+    Document preamble_document;
+    if (bake_preamble) {
+        chat = chat_preamble_tokens(
+            model_chat_template(options.model, options.tokenizer, std::nullopt, "--chat-preamble"),
+            tokenizer, options.system);
+        if (chat->before.empty())
+            throw UnsupportedError(
+                "--chat-preamble: the model's chat template writes nothing before the user's "
+                "message");
+        preamble_document =
+            Document{chat_preamble_packet_id, chat->text.before, "the chat template's start"};
     }
     const int64_t wrapping = adapter ? adapter->header_tokens + adapter->trailer_tokens : 0;
     const int64_t context = model.config().max_position_embeddings - wrapping;
@@ -220,6 +246,12 @@ BakeReport bake(const BakeOptions& options) {
         for (const PacketInfo& info : store->packets())
             writer.add(store->read(info.id));
         report.kept_documents = static_cast<int64_t>(store->packets().size());
+    }
+    if (chat) {
+        // Baked as it is: from position 0, neither wrapped by the adapter nor compressed.
+        const std::vector<Tokenized> preamble{Tokenized{&preamble_document, chat->before}};
+        bake_batch(model, preamble, runtime.cache_info, options.batch_tokens, nullptr, nullptr,
+                   writer, report.stored_tokens);
     }
     BakeProgress progress;
     progress.documents_total = static_cast<int64_t>(tokenized.size());

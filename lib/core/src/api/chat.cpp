@@ -1,7 +1,10 @@
 #include "kv/api/chat.hpp"
 
 #include "kv/error.hpp"
+#include "kv/format/cache_reader.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/gguf.hpp"
+#include "kv/sha256.hpp"
 
 namespace kv {
 namespace {
@@ -61,6 +64,26 @@ ChatPreambleTokens chat_preamble_tokens(const text::ModelChatTemplate& model,
     result.text = text::chat_preamble(model, system);
     result.before = tokenizer.encode(result.text.before);
     return result;
+}
+
+bool context_starts_with_chat_preamble(const std::vector<std::string>& caches,
+                                       const std::string& before) {
+    if (caches.empty()) return false;
+    const CacheSelection first = parse_cache_selection(caches.front());
+    if (first.file == "-") return false;
+    if (!first.id.empty() && first.id != chat_preamble_packet_id) return false;
+    const CacheReader reader(first.file);
+    const std::vector<PacketInfo>& packets = reader.packets();
+    if (packets.empty()) return false;
+    const PacketInfo& info =
+        first.id.empty() ? packets.front() : reader.packet_info(chat_preamble_packet_id);
+    if (info.id != chat_preamble_packet_id) return false;
+    if (info.text_sha256 != sha256_hex(before))
+        throw MismatchError("the " + quoted(chat_preamble_packet_id) + " packet of " +
+                            quoted(first.file) +
+                            " holds another start of the chat template than --chat renders "
+                            "(another template or --system message)");
+    return true;
 }
 
 }  // namespace kv

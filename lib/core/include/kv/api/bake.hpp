@@ -35,6 +35,14 @@ struct BakeOptions {
     /// A KV Packet adapter file (kvtrain): every document is baked wrapped as [header][document]
     /// [trailer], from position 0 and without BOS (the header is the packet's attention sink).
     std::optional<std::filesystem::path> adapter;
+    /// KV Packet's preamble from the model's chat template (kvbake --chat-preamble): a first
+    /// packet, id chat_preamble_packet_id ("chat-preamble"), holding the template's start (BOS
+    /// where the template writes one, the system turn with `system`, the opening of the user's
+    /// turn) as it is: no BOS added, no adapter, never compressed. kvpack --preamble and
+    /// kvserve-once --cache put it first; kvserve-once --chat takes it as its preamble. Only
+    /// shard 0 bakes it.
+    bool chat_preamble = false;
+    std::string system;       ///< with chat_preamble: a system message ("" for none)
     int64_t shard_index = 0;  ///< bake documents whose ordinal % shard_count == shard_index
     int64_t shard_count = 1;
     int64_t batch_tokens = 512;  ///< most tokens per forward pass when packing documents

@@ -15,6 +15,9 @@
 
 namespace kv {
 
+/// The id of the packet kvbake --chat-preamble bakes from the chat template's start.
+inline constexpr const char* chat_preamble_packet_id = "chat-preamble";
+
 /// The chat template of the model at `model` (a folder, or a file in one), read from the
 /// tokenizer_config.json of `tokenizer` when given (kvtools' --tokenizer: the template belongs
 /// to the tokenizer, as in transformers), else of the model's folder; then `embedded`, a template
@@ -37,5 +40,12 @@ struct ChatPreambleTokens {
 };
 ChatPreambleTokens chat_preamble_tokens(const text::ModelChatTemplate& model,
                                         const Tokenizer& tokenizer, std::string_view system);
+
+/// Whether the context of `caches` (FILE[:ID] as kvserve-once --cache takes them) starts with
+/// the packet kvbake --chat-preamble bakes, so that it is the preamble and nothing is put before
+/// it. Throws kv::MismatchError when that packet holds another text than `before` (another
+/// template or system message). Standard input ("-") cannot be looked at first: false.
+bool context_starts_with_chat_preamble(const std::vector<std::string>& caches,
+                                       const std::string& before);
 
 }  // namespace kv
