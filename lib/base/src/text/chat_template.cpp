@@ -392,6 +392,28 @@ std::string string_repr(const std::string& s) {
 
 std::string repr(const Value& x);
 
+// Values nest as deep as a template builds them (a namespace attribute wrapped in a list at each
+// step of a loop). Python's repr, == and json.dumps stop at its recursion limit; these walks stop
+// too, instead of overflowing the stack.
+constexpr int max_value_depth = 500;
+thread_local int value_depth = 0;
+struct ValueDepth {
+    ValueDepth() {
+        if (++value_depth > max_value_depth) {
+            value_depth = 0;
+            throw ChatTemplateError("chat template: a value nested deeper than " +
+                                        std::to_string(max_value_depth) +
+                                        " levels (Python's recursion limit)",
+                                    0, 0);
+        }
+    }
+    ~ValueDepth() {
+        if (value_depth > 0) --value_depth;
+    }
+    ValueDepth(const ValueDepth&) = delete;
+    ValueDepth& operator=(const ValueDepth&) = delete;
+};
+
 // str(x) as Python gives it (Jinja's output of {{ x }} and the ~ operator).
 std::string to_str(const Value& x) {
     switch (x.v.index()) {
@@ -413,6 +435,7 @@ std::string to_str(const Value& x) {
 }
 
 std::string repr(const Value& x) {
+    const ValueDepth depth;
     if (x.is_string()) return string_repr(x.str());
     if (x.is_list()) {
         const ListObj& l = x.list();
@@ -476,6 +499,7 @@ bool truthy(const Value& x) {
 }
 
 bool equal(const Value& a, const Value& b) {
+    const ValueDepth depth;
     if (a.is_number() && b.is_number()) {
         if (a.is_float() || b.is_float()) return a.real() == b.real();
         return a.integer() == b.integer();
@@ -516,6 +540,7 @@ bool equal(const Value& a, const Value& b) {
 // Python's ordering: numbers with numbers, strings by code point (UTF-8 byte order is the same),
 // lists and tuples element by element; anything else is a TypeError. Returns -1, 0 or 1.
 int compare(const Value& a, const Value& b, Pos pos, const char* op) {
+    const ValueDepth depth;
     if (a.is_number() && b.is_number()) {
         if (a.is_float() || b.is_float()) {
             double x = a.real(), y = b.real();
@@ -595,6 +620,7 @@ void json_string(std::string& out, const std::string& s) {
 }
 
 void json_dump(std::string& out, const Value& x, const JsonStyle& style, int level, Pos pos) {
+    const ValueDepth depth;
     auto newline = [&](int depth) {
         if (!style.indent) return;
         out += '\n';
@@ -1500,7 +1526,14 @@ int64_t floor_div(int64_t a, int64_t b) {
                           type_name(b) + "'");
 }
 
+// A string or list repeated into more than this is refused rather than exhausting memory (no
+// prompt is that long).
+constexpr int64_t max_repeated_bytes = int64_t{1} << 28;
+
 std::string repeat(const std::string& s, int64_t n) {
+    if (n > 0 && static_cast<int64_t>(s.size()) > max_repeated_bytes / n)
+        throw UnsupportedError("chat template: unsupported: a string repeated into more than " +
+                               std::to_string(max_repeated_bytes) + " bytes");
     std::string out;
     for (int64_t i = 0; i < n; ++i)
         out += s;
@@ -1597,7 +1630,11 @@ Value binary(const std::string& op, const Value& a, const Value& b, Pos pos) {
         if (b.is_string() && a.is_integral()) return Value(repeat(b.str(), a.integer()));
         if (a.is_list() && b.is_integral()) {
             std::vector<Value> items;
-            for (int64_t i = 0; i < b.integer(); ++i)
+            const int64_t size = static_cast<int64_t>(a.list().items.size());
+            if (size > 0 && b.integer() > (max_repeated_bytes / 16) / size)
+                unsupported(pos, "a list repeated into more than " +
+                                     std::to_string(max_repeated_bytes / 16) + " items");
+            for (int64_t i = 0; size > 0 && i < b.integer(); ++i)
                 items.insert(items.end(), a.list().items.begin(), a.list().items.end());
             return make_list(std::move(items), a.list().tuple);
         }
@@ -1846,7 +1883,10 @@ class Bound {
                      " argument(s) (" + std::to_string(args.positional.size()) + " given)");
         for (size_t i = 0; i < args.positional.size(); ++i)
             values_[i] = args.positional[i];
-        for (auto& [k, v] : args.keyword) {
+        for (auto& keyword : args.keyword) {
+            // Not a structured binding: clang 14 (the fuzz build's) cannot capture one.
+            const auto& k = keyword.first;
+            const auto& v = keyword.second;
             auto it =
                 std::find_if(params_.begin(), params_.end(), [&](const char* p) { return k == p; });
             if (it == params_.end())
@@ -3095,6 +3135,29 @@ class Parser {
     size_t at_ = 0;
     std::vector<MacroStmt*> macros_;  // being parsed: caller/varargs/kwargs are noted on them
 
+    // Hostile templates (a GGUF file's, say) must not overflow the stack: nesting (brackets,
+    // unary operators, blocks) and chains (a + b + ..., a.b.c..., x|f|g...), which the renderer
+    // walks recursively, are bounded far above what any real template needs.
+    static constexpr int max_nesting = 300;
+    static constexpr int max_chain = 1000;
+    int depth_ = 0;
+    struct Nesting {
+        Parser& parser;
+        explicit Nesting(Parser& p) : parser(p) {
+            if (++parser.depth_ > max_nesting)
+                unsupported(parser.cur().pos,
+                            "nesting deeper than " + std::to_string(max_nesting) + " levels");
+        }
+        ~Nesting() { --parser.depth_; }
+        Nesting(const Nesting&) = delete;
+        Nesting& operator=(const Nesting&) = delete;
+    };
+    void chain(int& length) {
+        if (++length > max_chain)
+            unsupported(cur().pos, "an expression chaining more than " + std::to_string(max_chain) +
+                                       " operations");
+    }
+
     const Token& cur() const { return tokens_[at_]; }
     const Token& peek(size_t n = 1) const { return tokens_[std::min(at_ + n, tokens_.size() - 1)]; }
     Token next() { return tokens_[at_ < tokens_.size() - 1 ? at_++ : at_]; }
@@ -3191,6 +3254,7 @@ class Parser {
     }
 
     StmtPtr parse_statement() {
+        const Nesting nesting(*this);
         const Token& t = cur();
         if (t.type != Tok::name) syntax_error(t.pos, "tag name expected");
         std::string tag = t.text;
@@ -3484,9 +3548,12 @@ class Parser {
     }
 
     ExprPtr parse_condexpr() {
+        const Nesting nesting(*this);
         Pos pos = cur().pos;
         ExprPtr expr1 = parse_or();
+        int length = 0;
         while (skip_name("if")) {
+            chain(length);
             auto c = node<CondExpr>(pos);
             c->test = parse_or();
             if (skip_name("else")) c->otherwise = parse_condexpr();
@@ -3499,7 +3566,9 @@ class Parser {
     ExprPtr parse_or() {
         Pos pos = cur().pos;
         ExprPtr left = parse_and();
+        int length = 0;
         while (skip_name("or")) {
+            chain(length);
             auto b = node<Binary>(pos);
             b->op = "or";
             b->left = std::move(left);
@@ -3512,7 +3581,9 @@ class Parser {
     ExprPtr parse_and() {
         Pos pos = cur().pos;
         ExprPtr left = parse_not();
+        int length = 0;
         while (skip_name("and")) {
+            chain(length);
             auto b = node<Binary>(pos);
             b->op = "and";
             b->left = std::move(left);
@@ -3523,6 +3594,7 @@ class Parser {
     }
 
     ExprPtr parse_not() {
+        const Nesting nesting(*this);
         if (is_name("not")) {
             Pos pos = next().pos;
             auto u = node<Unary>(pos);
@@ -3537,7 +3609,9 @@ class Parser {
         Pos pos = cur().pos;
         ExprPtr expr = parse_math1();
         std::vector<std::pair<std::string, ExprPtr>> ops;
+        int length = 0;
         while (true) {
+            chain(length);
             static const char* const compare_ops[] = {"==", "!=", "<", "<=", ">", ">="};
             bool found = false;
             for (const char* op : compare_ops) {
@@ -3577,7 +3651,9 @@ class Parser {
     ExprPtr parse_math1() {
         Pos pos = cur().pos;
         ExprPtr left = parse_concat();
+        int length = 0;
         while (is_op("+") || is_op("-")) {
+            chain(length);
             std::string op = next().text;
             left = binary_node(pos, op, std::move(left), parse_concat());
         }
@@ -3587,7 +3663,9 @@ class Parser {
     ExprPtr parse_concat() {
         Pos pos = cur().pos;
         ExprPtr left = parse_math2();
+        int length = 0;
         while (is_op("~")) {
+            chain(length);
             next();
             left = binary_node(pos, "~", std::move(left), parse_math2());
         }
@@ -3597,7 +3675,9 @@ class Parser {
     ExprPtr parse_math2() {
         Pos pos = cur().pos;
         ExprPtr left = parse_pow();
+        int length = 0;
         while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+            chain(length);
             std::string op = next().text;
             left = binary_node(pos, op, std::move(left), parse_pow());
         }
@@ -3607,7 +3687,9 @@ class Parser {
     ExprPtr parse_pow() {
         Pos pos = cur().pos;
         ExprPtr left = parse_unary(true);
+        int length = 0;
         while (is_op("**")) {
+            chain(length);
             next();
             left = binary_node(pos, "**", std::move(left), parse_unary(true));
         }
@@ -3615,6 +3697,7 @@ class Parser {
     }
 
     ExprPtr parse_unary(bool with_filter) {
+        const Nesting nesting(*this);
         Pos pos = cur().pos;
         ExprPtr n;
         if (is_op("-") || is_op("+")) {
@@ -3704,7 +3787,9 @@ class Parser {
     }
 
     ExprPtr parse_postfix(ExprPtr n) {
+        int length = 0;
         while (true) {
+            chain(length);
             if (is_op(".") || is_op("[")) {
                 n = parse_subscript(std::move(n));
             } else if (is_op("(")) {
@@ -3716,7 +3801,9 @@ class Parser {
     }
 
     ExprPtr parse_filter_expr(ExprPtr n) {
+        int length = 0;
         while (true) {
+            chain(length);
             if (is_op("|")) {
                 n = parse_filter(std::move(n));
             } else if (is_name("is")) {

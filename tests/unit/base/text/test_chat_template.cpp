@@ -253,3 +253,33 @@ TEST_CASE("chat templates of a model folder: tokenizer_config.json's template an
     dir.write("tokenizer_config.json", R"({"chat_template": 3})");
     CHECK_THROWS_AS(kv::text::read_chat_template(dir.path), kv::FormatError);
 }
+
+TEST_CASE("chat templates: hostile templates are refused, never overflow the stack or memory",
+          "[chat_template]") {
+    // A model file's template is input like any other (a GGUF file's, say).
+    const std::string deep = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+    CHECK(error_of<kv::UnsupportedError>(deep).find("unsupported: nesting deeper than") !=
+          std::string::npos);
+    std::string blocks;
+    for (int i = 0; i < 2000; ++i)
+        blocks += "{% if true %}";
+    CHECK(error_of<kv::UnsupportedError>(blocks).find("nesting deeper than") != std::string::npos);
+    std::string sum = "{{ 1";
+    for (int i = 0; i < 100000; ++i)
+        sum += " + 1";
+    CHECK(error_of<kv::UnsupportedError>(sum + " }}")
+              .find("an expression chaining more than 1000 operations") != std::string::npos);
+    std::string nots = "{{ ";
+    for (int i = 0; i < 100000; ++i)
+        nots += "not ";
+    CHECK_FALSE(error_of<kv::UnsupportedError>(nots + "x }}").empty());
+    // A value nested 600 deep (Python's repr would hit its recursion limit too).
+    CHECK(error_of<ChatTemplateError>("{% set ns = namespace(x=1) %}{% for i in range(600) %}"
+                                      "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}")
+              .find("a value nested deeper than 500 levels") != std::string::npos);
+    CHECK(error_of<kv::UnsupportedError>("{{ 'x' * 1000000000000 }}")
+              .find("a string repeated into more than") != std::string::npos);
+    CHECK(error_of<kv::UnsupportedError>("{{ ([1] * 1000000000000) | length }}")
+              .find("a list repeated into more than") != std::string::npos);
+    CHECK(render("{{ ([] * 1000000000000000) | length }}") == "0");
+}
