@@ -802,21 +802,27 @@ class Lexer {
   private:
     std::string src_;
     std::vector<Token> tokens_;
-    std::vector<size_t> line_starts_{0};
-    size_t lines_known_ = 0;
+    size_t last_offset_ = 0;
+    Pos last_;
 
+    // Line and column (in code points) of a byte offset. Tokens ask in increasing order, so the
+    // last answer is carried forward: linear in the template, however long its lines.
     Pos position(size_t offset) {
-        while (lines_known_ < src_.size() && lines_known_ < offset) {
-            if (src_[lines_known_] == '\n') line_starts_.push_back(lines_known_ + 1);
-            ++lines_known_;
+        if (offset < last_offset_) {
+            last_offset_ = 0;
+            last_ = Pos{};
         }
-        auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), offset);
-        size_t line = static_cast<size_t>(it - line_starts_.begin());
-        size_t line_start = line_starts_[line - 1];
-        return Pos{static_cast<int>(line),
-                   static_cast<int>(code_point_count(std::string_view(src_).substr(
-                                        line_start, offset - line_start)) +
-                                    1)};
+        for (size_t i = last_offset_; i < offset && i < src_.size(); ++i) {
+            const unsigned char c = static_cast<unsigned char>(src_[i]);
+            if (c == '\n') {
+                ++last_.line;
+                last_.column = 1;
+            } else if ((c & 0xC0) != 0x80) {
+                ++last_.column;
+            }
+        }
+        last_offset_ = offset;
+        return last_;
     }
 
     size_t find_tag(size_t from) const {
