@@ -77,11 +77,13 @@ class Writer:
 
 
 def quantize_q8_0(array):
-    """ggml's quantize_row_q8_0_ref: per block of 32, d = max|x| / 127, q = round(x / d)."""
+    """ggml's quantize_row_q8_0_ref: per block of 32, d = max|x| / 127, q = roundf(x / d) (halves
+    away from zero, as C's roundf; numpy's round would take them to even)."""
     blocks = np.asarray(array, np.float32).reshape(-1, 32)
     d = np.abs(blocks).max(axis=1) / np.float32(127)
     inverse = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
-    q = np.round(blocks * inverse[:, None]).astype(np.int8)
+    scaled = blocks * inverse[:, None]
+    q = (np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))).astype(np.int8)  # roundf
     out = np.zeros(len(blocks), dtype=[("d", "<f2"), ("q", "i1", 32)])
     out["d"] = d.astype(np.float16)
     out["q"] = q
