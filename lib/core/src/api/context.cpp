@@ -34,6 +34,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
         const std::shared_ptr<const CacheReader> shared_reader = packets.store(selection.file);
         const CacheReader& reader = *shared_reader;
         assembled.read_seconds += since(read_start);
+        assembled.open_seconds += since(read_start);
         CacheModelInfo expected = model_info;
         expected.dtype = reader.model().dtype;  // any storage dtype converts to the compute dtype
         check_compatible(expected, reader.model(), reader.source());
@@ -111,7 +112,9 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 append_packet_planes(model.rope(), cache, packet, reader, reader.model().dtype);
                 assembled.read_seconds += since(read_start);
             } else {
+                const auto append_start = Clock::now();
                 append_packet(model.rope(), cache, packet, reader.model().dtype);
+                assembled.append_seconds += since(append_start);
             }
             assembled.tokens.insert(assembled.tokens.end(), packet.token_ids.begin(),
                                     packet.token_ids.end());

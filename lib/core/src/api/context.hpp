@@ -31,6 +31,8 @@ struct AssembledContext {
     bool per_head = false;   ///< some packet keeps different tokens per head (kvcache.md 6.3)
     int64_t bytes_read = 0;  ///< keys and values read from the files
     double read_seconds = 0;
+    double open_seconds = 0;          ///< opening the stores (part of read_seconds)
+    double append_seconds = 0;        ///< realigning packets in memory into the cache
     int64_t packets_from_memory = 0;  ///< packets the source kept from earlier questions
     int64_t packets_read = 0;         ///< packets read from their files
 };

@@ -14,8 +14,14 @@
 #include "runtime.hpp"
 #include "serve_session.hpp"
 
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 namespace kv {
 namespace {
@@ -24,6 +30,32 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Seconds from this process's start (the kernel's record, in clock ticks since boot) to now: what
+// loading the program and its libraries (libtorch's) took before serving began; 0 where /proc
+// does not say.
+double seconds_since_process_start() {
+    std::ifstream stat_file("/proc/self/stat");
+    std::string line;
+    if (!std::getline(stat_file, line)) return 0;
+    // Fields after the command name, which may hold spaces and parentheses: the state is the
+    // 3rd field, the start time the 22nd.
+    const std::size_t close = line.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::istringstream fields(line.substr(close + 1));
+    std::string field;
+    for (int index = 3; index < 22; ++index)
+        if (!(fields >> field)) return 0;
+    unsigned long long start_ticks = 0;
+    if (!(fields >> start_ticks)) return 0;
+    const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
+    timespec now{};
+    if (ticks_per_second <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return 0;
+    const double since_boot =
+        static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+    return std::max(
+        0.0, since_boot - static_cast<double>(start_ticks) / static_cast<double>(ticks_per_second));
 }
 
 std::span<const float> as_span(const torch::Tensor& logits) {
@@ -188,12 +220,16 @@ void Session::assemble_packets() {
                                        "attention (--attention " +
                                        options_.attention.method +
                                        ") does not handle that yet: use --attention full");
+            const auto restore_start = Clock::now();
             sparse_->add_stored_index(cache.length(), cache.next_position(),
                                       std::move(packet.index));
+            stats_.index_restore_seconds += seconds_since(restore_start);
         },
         &packets_);
     if (packets_read_ > 0) report({"packets", packets_read_, packets_read_});
     stats_.cache_load_seconds = assembled_.read_seconds;
+    stats_.cache_open_seconds = assembled_.open_seconds;
+    stats_.realign_seconds = assembled_.append_seconds;
     stats_.cache_bytes_read = assembled_.bytes_read;
     stats_.packets_read = assembled_.packets_read;
     stats_.packets_from_memory = assembled_.packets_from_memory;
@@ -230,9 +266,11 @@ void Session::recompute() {
             ids.push_back(id);
         }
     }
+    const auto recompute_start = Clock::now();
     stats_.recomputed_per_layer =
         model_.recompute(*cache_, torch::tensor(slots, torch::kInt64), ids,
                          recompute.method == "cacheblend" ? recompute.ratio : 1.0, 1);
+    stats_.recompute_seconds = seconds_since(recompute_start);
 }
 
 void Session::prefill_document() {
@@ -304,7 +342,13 @@ void Session::prefill_prompt(const Emit& emit) {
     const auto prompt_start = Clock::now();
     // The indexes of an offloaded cache are restored before the prompt goes through the sparse
     // attention, so that they keep their keys on disk too (SparseAttention::prepare).
-    if (sparse_ && offload_to_disk_) sparse_->prepare(cache);
+    auto restore_indexes = [&] {
+        const auto restore_start = Clock::now();
+        sparse_->prepare(cache);
+        stats_.index_restore_seconds += seconds_since(restore_start);
+    };
+    if (sparse_ && offload_to_disk_) restore_indexes();
+    const auto prefill_start = Clock::now();
     // Without a prompt (a document alone) decoding continues from the document's logits.
     // An offloaded cache goes through the sparse attention for the prompt too: a dense prefill
     // would read every page of the context.
@@ -318,9 +362,10 @@ void Session::prefill_prompt(const Emit& emit) {
     } else if (!prompt.empty()) {
         logits_ = model_.prefill(prompt, cache, options_.prefill_chunk);
     }
+    stats_.prompt_prefill_seconds = seconds_since(prefill_start);
     // Restoring the stored indexes is setup: it belongs to the time to first token, not to
     // the first decoding step.
-    if (sparse_) sparse_->prepare(cache);
+    if (sparse_) restore_indexes();
     cache.release_pages();
     stats_.prefill_seconds = seconds_since(prompt_start);
     stats_.total_context_tokens = cache.next_position();
@@ -433,6 +478,7 @@ ServeStats serve_once(const ServeOptions& options, const Emit& emit) {
     Sampler sampler(checked(options).sampling);
     stats.threads = set_compute_threads(options.runtime.threads);
     stats.seed = sampler.seed();
+    stats.startup_seconds = seconds_since_process_start();
     const auto load_start = Clock::now();
     const Runtime runtime = load_runtime(options.runtime);
     stats.load_seconds = seconds_since(load_start);
@@ -490,6 +536,12 @@ json::Value stats_to_json(const ServeStats& stats) {
     result.set("cache_tokens", stats.cache_tokens);
     result.set("cache_bytes_read", stats.cache_bytes_read);
     result.set("cache_load_seconds", stats.cache_load_seconds);
+    result.set("startup_seconds", stats.startup_seconds);
+    result.set("cache_open_seconds", stats.cache_open_seconds);
+    result.set("realign_seconds", stats.realign_seconds);
+    result.set("index_restore_seconds", stats.index_restore_seconds);
+    result.set("recompute_seconds", stats.recompute_seconds);
+    result.set("prompt_prefill_seconds", stats.prompt_prefill_seconds);
     result.set("context_tokens", stats.total_context_tokens);
     result.set("attention", stats.attention);
     if (stats.budget > 0) result.set("budget", stats.budget);

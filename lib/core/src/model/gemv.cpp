@@ -10,11 +10,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 // GCC 12's AVX-512 headers start some intrinsics from _mm512_undefined_*(), which its own
-// -Wmaybe-uninitialized then reports inside the header (a known false positive).
+// -Wmaybe-uninitialized and -Wuninitialized then report inside the header (a known false
+// positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 namespace kv {
 namespace {
@@ -311,6 +314,40 @@ void accumulate_portable(const Weight* rows, const float* weights, float* out, i
             out[d] += weights[n] * as_float(rows[n * columns + d]);
 }
 
+// accumulate_avx512 over `16 / V` rows of weights at once (columns == 16 * V): their outputs stay
+// in registers across the value rows, each value row is widened once for all of them, and each
+// fma takes the operands accumulate_avx512's takes through memory, in the same order: its bits.
+template <typename Weight, int V>
+__attribute__((target("avx512f,avx512bw"))) void accumulate_group_avx512(
+    const Weight* rows, const float* const* weights, float* const* outs, int64_t count) {
+    constexpr int R = 16 / V;
+    __m512 acc[R][V];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c)
+            acc[r][c] = _mm512_loadu_ps(outs[r] + 16 * c);
+    for (int64_t n = 0; n < count; ++n) {
+        const Weight* row = rows + n * 16 * V;
+        __m512 values[V];
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c)
+            values[c] = load16(row + 16 * c);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+            const __m512 weight = _mm512_set1_ps(weights[r][n]);
+#pragma GCC unroll 8
+            for (int c = 0; c < V; ++c)
+                acc[r][c] = _mm512_fmadd_ps(values[c], weight, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c)
+            _mm512_storeu_ps(outs[r] + 16 * c, acc[r][c]);
+}
+
 template <typename Weight>
 void dot_rows(const Weight* rows, const float* x, float* y, int64_t count, int64_t columns) {
     switch (isa) {
@@ -356,6 +393,225 @@ void run_rows(const Weight* weights, const float* x, float* y, int64_t rows, int
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
         kernel(weights, x, y, begin, end, columns);
     });
+}
+
+// attend_rows' blocks: 256 keys (32 KiB of bf16 rows of 64) are read by every query row while
+// they are in L1/L2. A multiple of 4, so that dot_rows' 4-row groups (whose remainder rows some
+// kernels sum differently) fall on the same keys as in one call over all the keys.
+constexpr int64_t attend_block = 256;
+static_assert(attend_block % 4 == 0);
+// Scores held at once (16 MiB of float32): more rows than fit go in further passes over the keys.
+constexpr int64_t attend_score_floats = int64_t{4} << 20;
+
+// rows_avx512_dpbf16 over 16 rows of a multiple of 32 columns, giving its bits: each row's
+// vector of partial sums is built by the same dot-product instructions, then the 16 vectors are
+// reduced together by shuffles that add the same pairs _mm512_reduce_add_ps adds for each (the
+// upper 256 bits to the lower, the upper 128 to the lower, lanes 2-3 to 0-1, lane 1 to 0), a
+// few instructions for 16 sums where one reduction each cost a chain of them.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot16_dpbf16(const uint16_t* rows,
+                                                                         const uint16_t* x,
+                                                                         float* y,
+                                                                         int64_t columns) {
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j)
+        acc[j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < columns; k += 32) {
+        const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + k));
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j)
+            acc[j] = _mm512_dpbf16_ps(
+                acc[j], reinterpret_cast<__m512bh>(_mm512_loadu_si512(rows + j * columns + k)), xv);
+    }
+    // Upper 256 bits + lower of rows p and p + 8: [p's 8 sums | p + 8's].
+    __m512 halves[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p)
+        halves[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[p], acc[p + 8], 0xEE),
+                                  _mm512_shuffle_f32x4(acc[p], acc[p + 8], 0x44));
+    // Upper 128 bits + lower: 4 sums each of rows [2q, 2q + 8, 2q + 1, 2q + 9].
+    __m512 quarters[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+        quarters[q] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0xDD),
+                                    _mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0x88));
+    // Lanes 0 + 2 and 1 + 3, then those two (fold4): rows 0, 2, .., 14, then 1, 3, .., 15.
+    const __m512 sums = fold4(quarters[0], quarters[1], quarters[2], quarters[3]);
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    // + the (empty) tail's 0, as rows_avx512_dpbf16 adds it.
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_permutexvar_ps(order, sums), _mm512_setzero_ps()));
+}
+
+// dot_rows over the rows [0, count) of a block, with the query already rounded to bf16 where
+// the dot-product instruction is used (dot_rows would round it again on every call).
+template <typename Weight>
+void dot_block(const Weight* rows, const float* x, const uint16_t* x_bf16, float* y, int64_t count,
+               int64_t columns) {
+    if constexpr (std::is_same_v<Weight, uint16_t>)
+        if (isa == Isa::avx512_bf16) {
+            int64_t n = 0;
+            if (columns % 32 == 0)
+                for (; n + 16 <= count; n += 16)
+                    dot16_dpbf16(rows + n * columns, x_bf16, y + n, columns);
+            return rows_avx512_dpbf16(rows, x_bf16, y, n, count, columns);
+        }
+    dot_rows(rows, x, y, count, columns);
+}
+
+// softmax_scaled_in_place's first pass, scores[n] *= scale and their maximum, on vectors: the
+// products are the same, and the maximum does not depend on the order (a NaN is passed over, as
+// std::max(best, NaN) passes over it).
+__attribute__((target("avx512f"))) float scale_and_max_avx512(float* scores, int64_t count,
+                                                              float scale) {
+    const __m512 factor = _mm512_set1_ps(scale);
+    __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t n = 0;
+    for (; n + 16 <= count; n += 16) {
+        const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(scores + n), factor);
+        _mm512_storeu_ps(scores + n, scaled);
+        best = _mm512_max_ps(scaled, best);  // the second operand where either is NaN
+    }
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, best);
+    float result = lanes[0];
+    for (int lane = 1; lane < 16; ++lane)
+        result = std::max(result, lanes[lane]);
+    for (; n < count; ++n)
+        result = std::max(result, scores[n] *= scale);
+    return result;
+}
+
+// Rows softmaxed together by softmax_rows.
+constexpr int64_t softmax_group = 4;
+
+// softmax_scaled_in_place over up to softmax_group rows, with its arithmetic for each row: the
+// exponentials and their double sum in each row's own order, the rows interleaved so that their
+// sums' chains of dependent additions overlap (one row's chain over 32k keys was most of its
+// time).
+void softmax_rows(float* const* rows, const int64_t* counts, int64_t count, float scale) {
+    float best[softmax_group];
+    double total[softmax_group] = {};
+    int64_t common = std::numeric_limits<int64_t>::max();
+    for (int64_t g = 0; g < count; ++g) {
+        common = std::min(common, counts[g]);
+        if (isa == Isa::avx512 || isa == Isa::avx512_bf16) {
+            best[g] = scale_and_max_avx512(rows[g], counts[g], scale);
+        } else {
+            best[g] = -std::numeric_limits<float>::infinity();
+            for (int64_t n = 0; n < counts[g]; ++n)
+                best[g] = std::max(best[g], rows[g][n] *= scale);
+        }
+    }
+    if (count == softmax_group) {
+        for (int64_t n = 0; n < common; ++n)
+            for (int64_t g = 0; g < softmax_group; ++g)
+                total[g] += (rows[g][n] = std::exp(rows[g][n] - best[g]));
+    } else {
+        common = 0;
+    }
+    for (int64_t g = 0; g < count; ++g) {
+        if (counts[g] == 0) continue;
+        float* row = rows[g];
+        for (int64_t n = common; n < counts[g]; ++n)
+            total[g] += (row[n] = std::exp(row[n] - best[g]));
+        const float inverse = static_cast<float>(1.0 / total[g]);
+        for (int64_t n = 0; n < counts[g]; ++n)
+            row[n] *= inverse;
+    }
+}
+
+// Rows [first, first + rows) of attend_rows: `scores` holds `stride` floats per row.
+template <typename Weight>
+void attend_row_chunk(const Weight* keys, const Weight* values, const float* queries,
+                      const uint16_t* rounded, int64_t first, int64_t rows, const int64_t* visible,
+                      int64_t columns, float scale, float* out, float* scores, int64_t stride) {
+    int64_t span = 0;
+    for (int64_t r = 0; r < rows; ++r)
+        span = std::max(span, visible[first + r]);
+    // Row r's keys in [begin, end): none before, n of them.
+    auto in_block = [&](int64_t r, int64_t begin, int64_t end) {
+        return std::max<int64_t>(0, std::min(end, visible[first + r]) - begin);
+    };
+    for (int64_t begin = 0; begin < span; begin += attend_block) {
+        const int64_t end = std::min(span, begin + attend_block);
+        for (int64_t r = 0; r < rows; ++r)
+            if (const int64_t n = in_block(r, begin, end); n > 0)
+                dot_block(keys + begin * columns, queries + (first + r) * columns,
+                          rounded ? rounded + (first + r) * columns : nullptr,
+                          scores + r * stride + begin, n, columns);
+    }
+    for (int64_t r = 0; r < rows; r += softmax_group) {
+        float* group_rows[softmax_group];
+        int64_t counts[softmax_group];
+        const int64_t count = std::min(softmax_group, rows - r);
+        for (int64_t g = 0; g < count; ++g) {
+            group_rows[g] = scores + (r + g) * stride;
+            counts[g] = visible[first + r + g];
+        }
+        softmax_rows(group_rows, counts, count, scale);
+    }
+    // The weighted sums: rows in register groups where the kernel has one for this width.
+    const int64_t vectors = columns / 16;
+    const bool grouped = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0 &&
+                         (vectors == 1 || vectors == 2 || vectors == 4 || vectors == 8);
+    const int64_t group = grouped ? 16 / vectors : 1;
+    for (int64_t begin = 0; begin < span; begin += attend_block) {
+        const int64_t end = std::min(span, begin + attend_block);
+        const Weight* block = values + begin * columns;
+        int64_t r = 0;
+        for (; grouped && r + group <= rows; r += group) {
+            // The keys every row of the group sees in this block together, then each row's rest.
+            int64_t common = attend_block;
+            const float* weights[16];
+            float* outs[16];
+            for (int64_t g = 0; g < group; ++g) {
+                common = std::min(common, in_block(r + g, begin, end));
+                weights[g] = scores + (r + g) * stride + begin;
+                outs[g] = out + (first + r + g) * columns;
+            }
+            if (common > 0) switch (vectors) {
+                    case 1:
+                        accumulate_group_avx512<Weight, 1>(block, weights, outs, common);
+                        break;
+                    case 2:
+                        accumulate_group_avx512<Weight, 2>(block, weights, outs, common);
+                        break;
+                    case 4:
+                        accumulate_group_avx512<Weight, 4>(block, weights, outs, common);
+                        break;
+                    default:
+                        accumulate_group_avx512<Weight, 8>(block, weights, outs, common);
+                }
+            for (int64_t g = 0; g < group; ++g)
+                if (const int64_t rest = in_block(r + g, begin, end) - common; rest > 0)
+                    accumulate_rows(block + common * columns, weights[g] + common, outs[g], rest,
+                                    columns);
+        }
+        for (; r < rows; ++r)
+            if (const int64_t n = in_block(r, begin, end); n > 0)
+                accumulate_rows(block, scores + r * stride + begin, out + (first + r) * columns, n,
+                                columns);
+    }
+}
+
+template <typename Weight>
+void attend_rows_typed(const Weight* keys, const Weight* values, const float* queries,
+                       int64_t count, const int64_t* visible, int64_t columns, float scale,
+                       float* out) {
+    std::fill(out, out + count * columns, 0.0f);
+    int64_t longest = 0;
+    for (int64_t r = 0; r < count; ++r)
+        longest = std::max(longest, visible[r]);
+    if (longest == 0) return;
+    std::vector<uint16_t> rounded;
+    if (std::is_same_v<Weight, uint16_t> && isa == Isa::avx512_bf16)
+        rounded = to_bf16(queries, count * columns);
+    const int64_t chunk = std::clamp<int64_t>(attend_score_floats / longest, 1, count);
+    std::vector<float> scores(static_cast<std::size_t>(chunk * longest));
+    for (int64_t first = 0; first < count; first += chunk)
+        attend_row_chunk(keys, values, queries, rounded.empty() ? nullptr : rounded.data(), first,
+                         std::min(chunk, count - first), visible, columns, scale, out,
+                         scores.data(), longest);
 }
 
 }  // namespace
@@ -457,6 +713,20 @@ const char* gemv_isa() {
             return "portable";
     }
     return "portable";
+}
+
+void attend_rows(StoredRows keys, StoredRows values, const float* queries, int64_t count,
+                 const int64_t* visible, int64_t columns, float scale, float* out) {
+    if (keys.bf16 != values.bf16)
+        throw std::invalid_argument("attend_rows: keys and values of one storage type");
+    if (keys.bf16)
+        attend_rows_typed(static_cast<const uint16_t*>(keys.data),
+                          static_cast<const uint16_t*>(values.data), queries, count, visible,
+                          columns, scale, out);
+    else
+        attend_rows_typed(static_cast<const float*>(keys.data),
+                          static_cast<const float*>(values.data), queries, count, visible, columns,
+                          scale, out);
 }
 
 void softmax_scaled_in_place(float* scores, int64_t count, float scale) {

@@ -1,6 +1,7 @@
 #include "kv/model/model.hpp"
 #include "kv/model/row_attention.hpp"
 #include "kv/model/row_chooser.hpp"
+#include "kv/model/weight_arena.hpp"
 
 #include "kv/error.hpp"
 #include "kv/gguf.hpp"
@@ -179,6 +180,12 @@ std::shared_ptr<Model> Model::from_weights(LoadedWeights loaded, torch::ScalarTy
     model->device_ = device;
     model->source_ = loaded.source;
     model->chat_template_ = loaded.chat_template;
+    // Weights copied out of their files go into one huge-page arena, on every thread; what is
+    // left to place is converted to `dtype`, into fresh memory anyway.
+    if (copy_weights && device.is_cpu()) {
+        copy_weights_to_arena(loaded.weights, dtype);
+        copy_weights = false;
+    }
     WeightPlacer place(loaded.weights, loaded.source, dtype, device, copy_weights);
 
     const int64_t hidden = c.hidden_size, q_dim = c.num_heads * c.head_dim, kv_dim = c.kv_dim();

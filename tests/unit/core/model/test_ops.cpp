@@ -9,6 +9,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
 #include <random>
 
 using namespace kv;
@@ -703,6 +705,105 @@ TEST_CASE("a few queries after a long cache match the float64 reference", "[ops]
                     expected.insert(expected.end(), out.begin(), out.end());
                 }
             CHECK(max_abs_difference(got, expected) < (dtype == torch::kFloat32 ? 1e-5 : 2e-2));
+            // The same bits as one-token decoding of each query over the keys it sees.
+            std::vector<double> by_query;
+            for (int64_t t = 0; t < queries; ++t) {
+                const int64_t seen = cached + t + 1;
+                AttentionMask one{
+                    query_positions.narrow(0, t, 1), key_positions.narrow(0, 0, seen), 0, {}, {}};
+                const auto out = to_vector(attention(q.narrow(1, t, 1), k.narrow(1, 0, seen),
+                                                     v.narrow(1, 0, seen), one,
+                                                     1.0 / std::sqrt(double(head_dim))));
+                by_query.insert(by_query.end(), out.begin(), out.end());
+            }
+            std::vector<double> got_by_query;  // [H, T, D] as [T, H, D]
+            for (int64_t t = 0; t < queries; ++t)
+                for (int64_t h = 0; h < query_heads; ++h)
+                    for (int64_t d = 0; d < head_dim; ++d)
+                        got_by_query.push_back(
+                            got[static_cast<std::size_t>((h * queries + t) * head_dim + d)]);
+            CHECK(got_by_query == by_query);
+        }
+    }
+}
+
+TEST_CASE("attend_rows: query rows over prefixes of one kv head, against float64 and row by row",
+          "[ops][attention][gemv]") {
+    // A short question's rows over a long context: each row over its own prefix of the keys
+    // (empty, inside the first block, on block boundaries, all of them), rows in register groups
+    // and left over, widths with and without a register kernel or vector tail; the last case
+    // holds more scores than one pass keeps (16 MiB), so the rows go in several passes.
+    struct Case {
+        int64_t columns, keys;
+        std::vector<int64_t> visible;
+    };
+    const std::vector<Case> cases = {
+        {64, 1030, {0, 1, 255, 256, 257, 600, 1030, 1029, 1028}},
+        {128, 700, {700, 699, 698, 512, 3}},
+        {16,
+         300,
+         {300, 299, 298, 297, 296, 295, 294, 293, 292, 291, 290, 289, 288, 287, 286, 285, 284}},
+        {24, 513, {513, 100, 0, 512}},
+        {16, 70000, std::vector<int64_t>(70, 70000)}};
+    for (const Case& c : cases) {
+        const int64_t count = static_cast<int64_t>(c.visible.size());
+        CAPTURE(c.columns, c.keys, count);
+        const torch::Tensor queries = random_tensor({count, c.columns}, 50);
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+            CAPTURE(dtype == torch::kBFloat16);
+            // Keys with a large spread, so that the softmax is peaked as real attention is.
+            const torch::Tensor k = (random_tensor({c.keys, c.columns}, 51) * 2).to(dtype);
+            const torch::Tensor v = random_tensor({c.keys, c.columns}, 52).to(dtype);
+            // bf16 queries as a bf16 model's are: exact in bf16.
+            const torch::Tensor q = queries.to(dtype).to(torch::kFloat32).contiguous();
+            const bool bf16 = dtype == torch::kBFloat16;
+            const float scale = 1.0f / std::sqrt(static_cast<float>(c.columns));
+            std::vector<float> got(static_cast<std::size_t>(count * c.columns), -1.0f);
+            attend_rows({k.data_ptr(), bf16}, {v.data_ptr(), bf16}, q.data_ptr<float>(), count,
+                        c.visible.data(), c.columns, scale, got.data());
+
+            // Row by row, as one-token decoding computes each: the same bits.
+            std::vector<float> by_row(got.size(), 0.0f), scores(static_cast<std::size_t>(c.keys));
+            for (int64_t r = 0; r < count; ++r) {
+                const int64_t n = c.visible[static_cast<std::size_t>(r)];
+                if (n == 0) continue;
+                dot_rows({k.data_ptr(), bf16}, q.data_ptr<float>() + r * c.columns, scores.data(),
+                         n, c.columns);
+                softmax_scaled_in_place(scores.data(), n, scale);
+                accumulate_rows({v.data_ptr(), bf16}, scores.data(), by_row.data() + r * c.columns,
+                                n, c.columns);
+            }
+            CHECK(got == by_row);
+
+            // Against float64 over the stored (widened) values.
+            const auto keys = to_vector(k), values = to_vector(v), query = to_vector(q);
+            double worst = 0;
+            for (int64_t r = 0; r < count; ++r) {
+                const int64_t n = c.visible[static_cast<std::size_t>(r)];
+                std::vector<double> logits(static_cast<std::size_t>(n));
+                double best = -std::numeric_limits<double>::infinity();
+                for (int64_t j = 0; j < n; ++j) {
+                    double dot = 0;
+                    for (int64_t d = 0; d < c.columns; ++d)
+                        dot += keys[static_cast<std::size_t>(j * c.columns + d)] *
+                               query[static_cast<std::size_t>(r * c.columns + d)];
+                    logits[static_cast<std::size_t>(j)] = dot * scale;
+                    best = std::max(best, dot * scale);
+                }
+                double total = 0;
+                for (double& logit : logits)
+                    total += (logit = std::exp(logit - best));
+                for (int64_t d = 0; d < c.columns; ++d) {
+                    double want = 0;
+                    for (int64_t j = 0; j < n; ++j)
+                        want += logits[static_cast<std::size_t>(j)] / total *
+                                values[static_cast<std::size_t>(j * c.columns + d)];
+                    worst = std::max(
+                        worst, std::abs(want - got[static_cast<std::size_t>(r * c.columns + d)]));
+                }
+            }
+            // float32 scores and sums over up to 70,000 terms (bf16 queries round exactly).
+            CHECK(worst < 1e-4);
         }
     }
 }

@@ -93,6 +93,16 @@ struct ServeStats {
     /// Packets taken from memory instead, kept since an earlier request (serve_requests).
     int64_t packets_from_memory = 0;
     double cache_load_seconds = 0;  ///< reading them (included in time to first token)
+    /// Where the time to first token went, besides load_seconds and cache_load_seconds: from the
+    /// process's start to serving (the program and its libraries loading), opening the cache
+    /// files (part of cache_load_seconds), realigning the packets' keys into the cache,
+    /// restoring their indexes, recomputing cached tokens, the prompt's prefill alone.
+    double startup_seconds = 0;
+    double cache_open_seconds = 0;
+    double realign_seconds = 0;
+    double index_restore_seconds = 0;
+    double recompute_seconds = 0;
+    double prompt_prefill_seconds = 0;
     int64_t total_context_tokens = 0;  ///< positions before generation: cached and prompt
     /// From the start of context assembly (reading caches, realigning, prefilling the prompt) to
     /// the first sampled token.

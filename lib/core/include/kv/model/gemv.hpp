@@ -39,6 +39,16 @@ struct StoredRows {
 void dot_rows(StoredRows rows, const float* x, float* y, int64_t count, int64_t columns);
 void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t count,
                      int64_t columns);
+/// Attention of `count` query rows [count, columns] (float32) over the stored rows of one kv
+/// head, row r over the first visible[r] keys and values: out[r] = sum_n p[n] values[n], p =
+/// softmax(scale * dot(keys[n], queries[r])) over n < visible[r], zeros where visible[r] is 0.
+/// The same bits as dot_rows, softmax_scaled_in_place and accumulate_rows (into zeros) row by
+/// row, which is one-token decoding's arithmetic; but each block of keys and of values is read
+/// once for every row while it is in the core's cache, where row by row read the whole head
+/// again for each row (a short question over a long context: 36 rows of a 1B model's kv head,
+/// 36 passes over 4 MiB). Serial: callers split kv heads over threads.
+void attend_rows(StoredRows keys, StoredRows values, const float* queries, int64_t count,
+                 const int64_t* visible, int64_t columns, float scale, float* out);
 /// scores[n] = softmax(scale * scores)[n] for n < count, in place: the maximum in float, the
 /// exponentials in float, their sum in double. One-token attention in memory and streamed from
 /// disk both use it, so that the two give the same bits.
