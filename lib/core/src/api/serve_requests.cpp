@@ -171,6 +171,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     report.load_seconds = seconds_since(load_start);
 
     PacketCache packets(options.cache_memory);
+    int64_t disk_packets_read = 0, disk_bytes_read = 0;
     const auto start = Clock::now();
     int64_t number = 0;
     for (std::string line; std::getline(input, line);) {
@@ -195,14 +196,20 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
         ++report.requests;
         ++(result.ok ? report.answered : report.failed);
         report.seconds = seconds_since(start);
+        // Offloaded to disk, a request's packets are copied from their files plane by plane and
+        // never pass through the PacketCache: its own counts are the only record of them.
+        if (result.ok && result.stats.offload == "disk") {
+            disk_packets_read += result.stats.packets_read;
+            disk_bytes_read += result.stats.cache_bytes_read;
+        }
         const PacketCache::Stats& kept = packets.stats();
         report.stores = kept.stores;
-        report.packets_read = kept.misses;
+        report.packets_read = kept.misses + disk_packets_read;
         report.packets_from_memory = kept.hits;
+        report.bytes_read = kept.bytes_read + disk_bytes_read;
         report.packets_evicted = kept.evictions;
         report.kept_bytes = kept.kept_bytes;
         report.peak_kept_bytes = kept.peak_bytes;
-        report.bytes_read = kept.bytes_read;
         if (options.answer) options.answer(result);
         if (options.progress) options.progress(report);
     }
