@@ -111,6 +111,28 @@ std::vector<Document> read_documents(const std::vector<std::string>& inputs,
                                         std::to_string(at) + ")"));
             continue;
         }
+        // A packet id is printed one a line (kvinspect show, kvbake --keep-going) and named on the
+        // command line as FILE:ID: an empty id cannot be named, and a line break would split it.
+        if (document.id.empty()) {
+            problems.report(FormatError(document.origin + ": the document id is empty"));
+            continue;
+        }
+        if (document.id.find_first_of("\n\r") != std::string::npos) {
+            std::string shown;  // the id with its line breaks escaped, to keep the message one line
+            for (const char c : document.id)
+                shown += c == '\n'   ? std::string("\\n")
+                         : c == '\r' ? std::string("\\r")
+                                     : std::string(1, c);
+            problems.report(FormatError(document.origin + ": document id " + kv::quoted(shown) +
+                                        " holds a line break (an id is one line)"));
+            continue;
+        }
+        if (const std::size_t at = invalid_utf8_offset(document.id); at != std::string::npos) {
+            problems.report(FormatError(document.origin +
+                                        ": document id is not valid UTF-8 (byte " +
+                                        std::to_string(at) + ")"));
+            continue;
+        }
         auto [found, inserted] = seen.emplace(document.id, document.origin);
         if (!inserted) {
             problems.report(FormatError("duplicate document id " + kv::quoted(document.id) + " (" +

@@ -54,3 +54,30 @@ TEST_CASE("bad documents throw, or are recorded and skipped when asked", "[docum
                                 Catch::Contains("line 1") && Catch::Contains("line 4"));
     CHECK_THAT(problems[4], Catch::Contains("not valid UTF-8"));
 }
+
+TEST_CASE("ids that FILE:ID cannot name are refused, one document at a time", "[documents]") {
+    kv::test::TempDir dir;
+    kv::test::write_file(dir / "a.jsonl",
+                         "{\"id\": \"\", \"text\": \"empty id\"}\n"
+                         "{\"id\": \"two\\nlines\", \"text\": \"line feed\"}\n"
+                         "{\"id\": \"cr\\r\", \"text\": \"carriage return\"}\n"
+                         "{\"id\": \"a:b\", \"text\": \"a colon is fine\"}\n");
+    kv::test::write_file(dir / "caf\xe9.txt", "a file name that is not UTF-8");
+    const std::string jsonl = (dir / "a.jsonl").string(), latin1 = (dir / "caf\xe9.txt").string();
+
+    REQUIRE_THROWS_WITH(kv::read_documents({jsonl}),
+                        "'" + jsonl + "' line 1: the document id is empty");
+    std::vector<std::string> problems;
+    const auto documents = kv::read_documents({jsonl, latin1}, &problems);
+    CHECK(ids(documents) == std::vector<std::string>{"a:b"});
+    REQUIRE(problems.size() == 4);
+    CHECK(problems[0] == "'" + jsonl + "' line 1: the document id is empty");
+    CHECK(problems[1] == "'" + jsonl +
+                             "' line 2: document id 'two\\nlines' holds a line break (an id is "
+                             "one line)");
+    CHECK_THAT(problems[2], Catch::Contains("line 3: document id 'cr\\r' holds a line break"));
+    CHECK_THAT(problems[3], Catch::Contains("document id is not valid UTF-8 (byte " +
+                                            std::to_string(latin1.size() - 5) + ")"));
+    for (const std::string& problem : problems)
+        CHECK(problem.find('\n') == std::string::npos);
+}

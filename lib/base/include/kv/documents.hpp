@@ -16,8 +16,9 @@ struct Document {
 
 /// Reads every input in order. A path ending in ".jsonl" is JSON Lines (blank lines skipped;
 /// "id" optional: it defaults to "<file>:<line>"); anything else is one document. Throws
-/// IoError for unreadable files and FormatError for a malformed line, text that is not UTF-8 or
-/// a duplicate id, naming the file and line. With `problems`, those are not thrown: each is
+/// IoError for unreadable files and FormatError for a malformed line, text that is not UTF-8, an
+/// id that is empty, holds a line break or is not UTF-8 (ids are printed one a line and named as
+/// FILE:ID), or a duplicate id, naming the file and line. With `problems`, those are not thrown: each is
 /// recorded there as a one-line message and the culprit skipped (a later duplicate, not the
 /// first), so that one bad document does not cost a batch (kvbake --keep-going).
 std::vector<Document> read_documents(const std::vector<std::string>& inputs,

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <system_error>
 #include <unordered_map>
 
 namespace kv {
@@ -127,12 +128,47 @@ CacheFileLock::~CacheFileLock() {
     if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
+namespace {
+
+// A FILE candidate of a FILE:ID argument: anything the reader could open, not a directory (a
+// directory named like the start of an argument must not turn its id into a path).
+bool names_file(const std::string& path) {
+    std::error_code error;
+    const auto status = std::filesystem::status(path, error);
+    return !error && std::filesystem::exists(status) && !std::filesystem::is_directory(status);
+}
+
+}  // namespace
+
 CacheSelection parse_cache_selection(const std::string& spec) {
-    const std::size_t colon = spec.rfind(':');
-    if (spec != "-" && colon != std::string::npos && colon > 0 && !std::filesystem::exists(spec) &&
-        std::filesystem::exists(spec.substr(0, colon)))
-        return {spec.substr(0, colon), spec.substr(colon + 1)};
-    return {spec, ""};
+    if (spec.empty()) throw UsageError("an empty cache argument names no file");
+    // "-" is standard input and nothing else: a FILE:ID split of it would read a file named "-".
+    if (spec == "-" || names_file(spec)) return {spec, ""};
+    // Ids may hold ':' (kvbake's default ids are PATH:LINE) and so may file names: the split is at
+    // the last ':' whose left part is an existing file, so that every id of an existing file can
+    // be named; when both readings exist, the longer file name wins (kvpack(1)).
+    std::vector<std::string> candidates;
+    for (std::size_t colon = spec.rfind(':'); colon != std::string::npos && colon > 0;
+         colon = spec.rfind(':', colon - 1)) {
+        std::string file = spec.substr(0, colon);
+        if (names_file(file)) {
+            if (colon + 1 == spec.size())
+                throw UsageError(kv::quoted(spec) + " names no packet: give " + kv::quoted(file) +
+                                 " for every packet or " + kv::quoted(file + ":ID") + " for one");
+            return {std::move(file), spec.substr(colon + 1)};
+        }
+        candidates.push_back(std::move(file));
+    }
+    if (candidates.empty()) return {spec, ""};  // no ':': the reader names the file it cannot open
+    // Nothing exists: name the file the user most likely meant, and the other readings.
+    if (candidates.size() == 1)
+        throw IoError("cannot open " + kv::quoted(candidates.front()) + " (the FILE of " +
+                      kv::quoted(spec) + "): no such file");
+    std::string readings;
+    for (const std::string& file : candidates)
+        readings += (readings.empty() ? "" : ", ") + kv::quoted(file);
+    throw IoError("cannot open " + kv::quoted(spec) + ": neither it nor the FILE of FILE:ID (" +
+                  readings + ") is a file");
 }
 
 }  // namespace kv

@@ -28,7 +28,11 @@ class CacheFileLock {
 };
 
 /// A cache argument as users write it: FILE (every packet, in file order) or FILE:ID (one packet),
-/// "-" for standard input. FILE:ID names one packet unless FILE:ID is itself an existing file.
+/// "-" for standard input. The whole argument is FILE when it names an existing file (not a
+/// directory); otherwise it splits at the last ':' whose left part is an existing file, so ids
+/// holding ':' can be named. Throws UsageError for "FILE:" (no id) and for an empty argument, and
+/// IoError naming the file(s) meant when the argument holds ':' but no reading names a file. An
+/// argument without ':' that names nothing is returned as FILE: its reader reports it.
 struct CacheSelection {
     std::filesystem::path file;
     std::string id;  ///< empty: every packet
