@@ -2,8 +2,10 @@
 #include "kv/api/chat.hpp"
 #include "kv/api/serve.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/json.hpp"
 #include "kv/mapped_file.hpp"
+#include "kv/output_path.hpp"
 #include "kv/sparse/options.hpp"
 #include "kv/text/chat_template.hpp"
 #include "tool.hpp"
@@ -12,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -201,6 +204,16 @@ int main(int argc, char** argv) {
         options.runtime = {model.model,    std::nullopt, compute.dtype,
                            compute.device, compute.mmap, compute.threads};
         if (!model.tokenizer.empty()) options.runtime.tokenizer = model.tokenizer;
+        // --stats naming an input would replace it with the timings: refused before any work.
+        if (!stats_path.empty() && stats_path != "-") {
+            std::vector<std::filesystem::path> inputs = kv::model_input_files(model.model);
+            for (const std::string& path :
+                 {prompt_file, document_file, requests_path, model.tokenizer})
+                if (!path.empty()) inputs.push_back(path);
+            for (const std::string& spec : cache_paths)
+                inputs.push_back(kv::parse_cache_selection(spec).file);
+            kv::refuse_output_among_inputs(stats_path, inputs);
+        }
         options.add_bos = !no_bos;
         if (app.count("--seed")) options.sampling.seed = seed;
         if (app.count("--cache-memory") && requests_path.empty())

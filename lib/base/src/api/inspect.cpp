@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <unordered_set>
@@ -588,6 +589,22 @@ ExportReport export_safetensors(const std::filesystem::path& input,
     for (const PacketInfo& info : reader.packets())
         packets.push_back(packet_info_json(info));
     metadata.set("packets", json::dump(packets));
+    // An adapter file (6.7) is exported whole, or the export would silently lose what the file
+    // is for: its attributes in the metadata, its vectors (and optimizer state) as tensors.
+    std::optional<Adapter> adapter;
+    if (reader.has_adapter()) {
+        adapter = reader.read_adapter();
+        json::Value value = json::Value::object();
+        value.set("fingerprint", adapter->fingerprint());
+        value.set("header_tokens", adapter->header_tokens());
+        value.set("trailer_tokens", adapter->trailer_tokens());
+        value.set("hidden_size", adapter->hidden_size);
+        value.set("init_mean", adapter->init_mean);
+        value.set("init_std", adapter->init_std);
+        value.set("training", adapter->training);
+        if (adapter->has_optimizer_state()) value.set("optimizer_step", adapter->optimizer_step);
+        metadata.set("adapter", json::dump(value));
+    }
     header.set("__metadata__", std::move(metadata));
     int64_t offset = 0;
     auto add = [&](const std::string& name, const char* type, std::vector<int64_t> shape,
@@ -621,6 +638,24 @@ ExportReport export_safetensors(const std::filesystem::path& input,
             add(info.id + ".head_positions", "I64", shape_without_dim(model, s), 8 * planes * s);
         }
     }
+    // The adapter's tensors, [tokens, hidden_size] float32 each; an empty one (no trailer, say)
+    // is left out, its count being in the metadata.
+    std::vector<std::pair<std::string, const std::vector<float>*>> adapter_tensors;
+    if (adapter) {
+        adapter_tensors = {{"adapter.header", &adapter->header},
+                           {"adapter.trailer", &adapter->trailer},
+                           {"adapter.optimizer.header_moment", &adapter->header_moment},
+                           {"adapter.optimizer.header_second_moment",
+                            &adapter->header_second_moment},
+                           {"adapter.optimizer.trailer_moment", &adapter->trailer_moment},
+                           {"adapter.optimizer.trailer_second_moment",
+                            &adapter->trailer_second_moment}};
+        std::erase_if(adapter_tensors, [](const auto& tensor) { return tensor.second->empty(); });
+        for (const auto& [name, values] : adapter_tensors) {
+            const int64_t count = static_cast<int64_t>(values->size());
+            add(name, "F32", {count / adapter->hidden_size, adapter->hidden_size}, 4 * count);
+        }
+    }
     std::string text = json::dump(header);
     text.append((8 - text.size() % 8) % 8, ' ');  // keeps tensor data 8-byte aligned
     ExportReport report;
@@ -646,6 +681,8 @@ ExportReport export_safetensors(const std::filesystem::path& input,
             out.write(packet.head_positions.data(), packet.head_positions.size() * sizeof(int64_t));
         }
     }
+    for (const auto& tensor : adapter_tensors)
+        out.write(tensor.second->data(), tensor.second->size() * sizeof(float));
     out.commit();
     return report;
 }

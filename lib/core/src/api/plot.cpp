@@ -4,6 +4,7 @@
 #include "kv/error.hpp"
 #include "kv/format/cache_store.hpp"
 #include "kv/json.hpp"
+#include "kv/memory.hpp"
 #include "kv/model/attention_recorder.hpp"
 #include "kv/runtime.hpp"
 #include "runtime.hpp"
@@ -75,6 +76,16 @@ AttentionProfile attention_profile(const AttentionPlotOptions& options) {
         throw UnsupportedError(
             "the context keeps different numbers of tokens per head; plot "
             "attention reads contexts without padding");
+
+    // The recorder computes one layer's attention in float32 as [query heads, prompt, keys] three
+    // times over (the scores, masked, their softmax): a long prompt fails here, saying how much it
+    // would need, not in the allocator.
+    const double prompt_tokens = static_cast<double>(prompt.size());
+    const double keys_seen = static_cast<double>(cache.length()) + prompt_tokens;
+    require_memory(3.0 * static_cast<double>(model.config().num_heads) * prompt_tokens * keys_seen *
+                       sizeof(float),
+                   "plotting the attention of a prompt of " + std::to_string(prompt.size()) +
+                       " tokens over " + std::to_string(cache.length()) + " context tokens");
 
     AttentionProfile profile;
     profile.layers = model.config().num_layers;
