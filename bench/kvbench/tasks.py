@@ -606,6 +606,26 @@ def bake_input(samples):
             for i, d in enumerate(t["documents"])]
 
 
+def store_documents(count, document_tokens=256, seed=1):
+    """`count` NIAH haystack documents of about `document_tokens` tokens, one needle each (a
+    distinct name and its number), as kvbake's {"id", "text"} lines: the documents of
+    count / 8 eight-document NIAH samples, so that every prefix of a longer list is the shorter
+    one. bench/bench-store and bench/bench-rag bake their stores from it."""
+    per_sample = 8
+    samples = generate("niah", document_tokens * per_sample, count=-(-count // per_sample),
+                       seed=seed, documents=per_sample)
+    return bake_input(samples)[:count]
+
+
+NEEDLE_RE = re.compile(r"The special magic number for (.+?) is ([0-9]+)\.")
+
+
+def needle(text):
+    """(name, number) of the needle sentence in a NIAH document, or None."""
+    found = NEEDLE_RE.search(text)
+    return (found.group(1), found.group(2)) if found else None
+
+
 def read_lines(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
