@@ -572,6 +572,8 @@ std::string format_diff_report(const DiffReport& report, double tolerance) {
 
 ExportReport export_safetensors(const std::filesystem::path& input,
                                 const std::filesystem::path& output, bool force) {
+    // Exporting a store over itself would replace the store with its export.
+    refuse_output_among_inputs(output, {input});
     const CacheReader reader(input);
     const CacheModelInfo& model = reader.model();
     const char* dtype = model.dtype == CacheDtype::f32    ? "F32"
