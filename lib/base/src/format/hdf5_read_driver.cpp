@@ -381,6 +381,25 @@ std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64
     const uint64_t heap_bits = load_le(h + 128, 2);
     const uint64_t root = load_le(h + 132, 8);
     const uint64_t rows = load_le(h + 140, 2);
+    // HDF5 builds the heap's doubling table from these before reading anything else
+    // (H5HF_dtable_init, H5HF_hdr_finish_init_phase2) and trusts them: a width or block size
+    // that is not a power of two, a largest direct block below the first, or a heap size in bits
+    // too small for the first row (its row count is an unsigned difference) read past its tables
+    // (found by fuzzing with the checksums repaired: SEGV in H5HF_hdr_finish_init_phase2).
+    const uint64_t width = load_le(h + 110, 2);
+    auto power_of_two = [](uint64_t v) { return v != 0 && (v & (v - 1)) == 0; };
+    auto log2_floor = [](uint64_t v) {
+        uint64_t bits = 0;
+        while (v >>= 1) ++bits;
+        return bits;
+    };
+    if (!power_of_two(width) || !power_of_two(block) || !power_of_two(max_direct) ||
+        max_direct < block || heap_bits > 64 || heap_bits < log2_floor(block) + log2_floor(width) ||
+        log2_floor(max_direct) > heap_bits)
+        return "a fractal heap whose doubling table is impossible (width " +
+               std::to_string(width) + ", first block " + std::to_string(block) +
+               ", largest direct block " + std::to_string(max_direct) + ", heap size " +
+               std::to_string(heap_bits) + " bits)";
     if (filters != 0 || rows != 0 || root == UINT64_MAX || root > UINT64_MAX - base ||
         block == 0 || block > (1u << 24))
         return "";
