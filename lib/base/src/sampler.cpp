@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 namespace kv {
@@ -22,7 +23,12 @@ Sampler::Sampler(const SamplerOptions& options)
       state_(seed_) {
     if (!(options.temperature >= 0) || !std::isfinite(options.temperature))
         throw UsageError("temperature must be a finite number >= 0");
-    if (!(options.top_p > 0 && options.top_p <= 1)) throw UsageError("top-p must be in (0, 1]");
+    // Named as kvserve-once's option: its range check (closed ranges) lets 0 through.
+    if (!(options.top_p > 0 && options.top_p <= 1)) {
+        char value[32];
+        std::snprintf(value, sizeof value, "%g", options.top_p);
+        throw UsageError(std::string("top-p (--top-p) must be in (0, 1], not ") + value);
+    }
 }
 
 double Sampler::next_uniform() {

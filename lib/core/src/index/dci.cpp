@@ -59,8 +59,9 @@ void validate_dci_options(const DciOptions& options) {
         if (!(value > 0 && value < 1))
             throw UsageError(std::string(name) + " must lie in (0, 1), not " + shortest(value));
     };
-    ratio("the first promotion ratio (p0)", options.promotion_first);
-    ratio("the promotion ratio of higher levels (p1)", options.promotion_rest);
+    // Named as kvindex's options too: their range checks (closed ranges) let 0 through.
+    ratio("the first promotion ratio (p0, --promotion-first)", options.promotion_first);
+    ratio("the promotion ratio of higher levels (p1, --promotion-rest)", options.promotion_rest);
     if (!(options.norm_headroom >= 1))
         throw UsageError("norm headroom must be at least 1, not " +
                          shortest(options.norm_headroom));

@@ -386,11 +386,13 @@ TEST_CASE("bad index parameters are usage errors", "[dci]") {
                       Catch::Contains("the projection needs head_dim + 1 = 17 values"));
     DciOptions options;
     options.promotion_first = 0;
-    CHECK_THROWS_WITH(DciIndex(dim, random_direction(1), options),
-                      Catch::Contains("first promotion ratio (p0) must lie in (0, 1), not 0"));
+    CHECK_THROWS_WITH(
+        DciIndex(dim, random_direction(1), options),
+        Catch::Contains("first promotion ratio (p0, --promotion-first) must lie in (0, 1), not 0"));
     options = {};
     options.promotion_rest = 1;
-    CHECK_THROWS_WITH(validate_dci_options(options), Catch::Contains("(p1) must lie in (0, 1)"));
+    CHECK_THROWS_WITH(validate_dci_options(options),
+                      Catch::Contains("(p1, --promotion-rest) must lie in (0, 1)"));
     options = {};
     options.page_size = 5000;
     CHECK_THROWS_WITH(validate_dci_options(options),
