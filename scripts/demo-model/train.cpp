@@ -238,7 +238,7 @@ int train(const Options& o) {
         optimizer.zero_grad();
         // The model is rebuilt from the master weights each step: the dtype cast is part of the
         // graph, so backward reaches the float32 tensors the optimizer owns.
-        kv::LoadedWeights loaded{config, weights, "demo model"};
+        kv::LoadedWeights loaded{config, weights, "demo model", {}};
         const auto model = kv::Model::from_weights(std::move(loaded), compute, torch::kCPU, false);
         double answer_loss_sum = 0, answer_weight = 0, batch_loss = 0;
         for (int64_t b = 0; b < o.batch; ++b) {

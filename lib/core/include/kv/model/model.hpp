@@ -45,7 +45,7 @@ struct ModelLoadOptions {
     std::string device = "auto";  ///< "auto" (cuda when available), "cpu", "cuda", "cuda:N"
     /// Use weights in place from the mapped file when their dtype is the compute dtype (instant
     /// load, shared page cache). The default copies them into private memory once: loading takes
-    /// longer, but bf16 decoding of a 1B model ran 2x faster that way (scripts/bench-runtime).
+    /// longer, but bf16 decoding of a 1B model ran 2x faster that way (bench/bench-runtime).
     bool use_mmap = false;
 };
 
