@@ -10,6 +10,8 @@
 // tested on the conformance corpus (repairing an unchanged file changes nothing).
 #pragma once
 
+#include "../../lib/base/src/format/hdf5_checksum.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,42 +20,7 @@
 
 namespace kv::fuzz {
 
-/// Bob Jenkins' lookup3 hashlittle() with initial value 0: H5_checksum_lookup3.
-inline uint32_t hdf5_lookup3(const uint8_t* data, std::size_t length) {
-    auto rotate = [](uint32_t x, int k) { return (x << k) | (x >> (32 - k)); };
-    auto word = [](const uint8_t* p) {
-        return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-    };
-    uint32_t a, b, c;
-    a = b = c = 0xdeadbeef + static_cast<uint32_t>(length);
-    while (length > 12) {
-        a += word(data);
-        b += word(data + 4);
-        c += word(data + 8);
-        a -= c, a ^= rotate(c, 4), c += b;
-        b -= a, b ^= rotate(a, 6), a += c;
-        c -= b, c ^= rotate(b, 8), b += a;
-        a -= c, a ^= rotate(c, 16), c += b;
-        b -= a, b ^= rotate(a, 19), a += c;
-        c -= b, c ^= rotate(b, 4), b += a;
-        length -= 12;
-        data += 12;
-    }
-    if (length == 0) return c;
-    uint8_t tail[12] = {};
-    std::memcpy(tail, data, length);
-    a += word(tail);
-    b += word(tail + 4);
-    c += word(tail + 8);
-    c ^= b, c -= rotate(b, 14);
-    a ^= c, a -= rotate(c, 11);
-    b ^= a, b -= rotate(a, 25);
-    c ^= b, c -= rotate(b, 16);
-    a ^= c, a -= rotate(c, 4);
-    b ^= a, b -= rotate(a, 14);
-    c ^= b, c -= rotate(b, 24);
-    return c;
-}
+using kv::hdf5_lookup3;
 
 /// H5_checksum_fletcher32: 16-bit big-endian words, sums started at 0.
 inline uint32_t hdf5_fletcher32(const uint8_t* data, std::size_t length) {

@@ -1,6 +1,7 @@
 #include "kv/format/cache_writer.hpp"
 
 #include "adapter_codec.hpp"
+#include "hdf5_checksum.hpp"
 #include "hdf5_file.hpp"
 #include "head_positions_codec.hpp"
 #include "index_codec.hpp"
@@ -46,43 +47,6 @@ void write_all(int fd, const void* data, std::size_t size, const std::string& wh
     }
 }
 
-// Bob Jenkins' lookup3 hashlittle(), the checksum of HDF5 metadata (H5_checksum_lookup3).
-uint32_t lookup3(const unsigned char* data, std::size_t length, uint32_t initial = 0) {
-    auto rotate = [](uint32_t x, int k) { return (x << k) | (x >> (32 - k)); };
-    auto word = [](const unsigned char* p) {
-        return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-    };
-    uint32_t a, b, c;
-    a = b = c = 0xdeadbeef + static_cast<uint32_t>(length) + initial;
-    while (length > 12) {
-        a += word(data);
-        b += word(data + 4);
-        c += word(data + 8);
-        a -= c, a ^= rotate(c, 4), c += b;
-        b -= a, b ^= rotate(a, 6), a += c;
-        c -= b, c ^= rotate(b, 8), b += a;
-        a -= c, a ^= rotate(c, 16), c += b;
-        b -= a, b ^= rotate(a, 19), a += c;
-        c -= b, c ^= rotate(b, 4), b += a;
-        length -= 12;
-        data += 12;
-    }
-    if (length == 0) return c;
-    unsigned char tail[12] = {};
-    std::memcpy(tail, data, length);
-    a += word(tail);
-    b += word(tail + 4);
-    c += word(tail + 8);
-    c ^= b, c -= rotate(b, 14);
-    a ^= c, a -= rotate(c, 11);
-    b ^= a, b -= rotate(a, 25);
-    c ^= b, c -= rotate(b, 16);
-    a ^= c, a -= rotate(c, 4);
-    b ^= a, b -= rotate(a, 14);
-    c ^= b, c -= rotate(b, 24);
-    return c;
-}
-
 // H5Fget_file_image clears the superblock's status flags in the image without recomputing the
 // checksum of version 2 and 3 superblocks, so the image does not open (HDF5 issue #1915, fixed
 // in 2025). Recomputing it is right whether or not the library has the fix.
@@ -93,7 +57,7 @@ void fix_superblock_checksum(std::vector<char>& image) {
     // signature, version, offset and length sizes, flags, then 4 addresses, then the checksum.
     const std::size_t checked = 12 + 4 * std::size_t{bytes[9]};
     if (image.size() < checked + 4) return;
-    const uint32_t checksum = lookup3(bytes, checked);
+    const uint32_t checksum = hdf5_lookup3(bytes, checked);
     for (int i = 0; i < 4; ++i)
         bytes[checked + i] = static_cast<unsigned char>(checksum >> (8 * i));
 }
