@@ -196,6 +196,10 @@ bool use_per_query_decode(const torch::Tensor& q, const torch::Tensor& k, const 
                                         .item<bool>();
 }
 
+// Keys from which a kv head's query heads are decoded together (attention_decode): below, its
+// keys and values stay in the core's caches between query heads anyway.
+constexpr int64_t attend_together_min_keys = 1024;
+
 torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& v, double scale) {
     const int64_t query_heads = q.size(0), head_dim = q.size(2);
@@ -214,11 +218,23 @@ torch::Tensor attention_decode(const torch::Tensor& q, const torch::Tensor& k,
     constexpr int64_t min_parallel_elements = int64_t{1} << 16;
     const int64_t grain =
         query_heads * keys * head_dim < min_parallel_elements ? kv_heads : int64_t{1};
+    // A kv head's query heads (grouped-query attention) go through attend_rows together, which
+    // reads each block of keys and values once for all of them: query head by query head, a
+    // Llama 3 1B layer read its 8 kv heads' 256 MiB four times at 131k tokens (55 ms a layer on
+    // 2 cores). Each row's arithmetic is the one below, so the bits are the same.
+    const bool together = group > 1 && keys >= attend_together_min_keys;
+    const std::vector<int64_t> visible(static_cast<std::size_t>(together ? group : 0), keys);
     at::parallel_for(0, kv_heads, grain, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(static_cast<std::size_t>(keys));
+        std::vector<float> scores(static_cast<std::size_t>(together ? 0 : keys));
         for (int64_t head = begin; head < end; ++head) {
             const std::byte* key_rows = key_base + head * k.stride(0) * element;
             const std::byte* value_rows = value_base + head * v.stride(0) * element;
+            if (together) {
+                attend_rows({key_rows, bf16}, {value_rows, bf16},
+                            query_data + head * group * head_dim, group, visible.data(), head_dim,
+                            static_cast<float>(scale), output_data + head * group * head_dim);
+                continue;
+            }
             for (int64_t member = 0; member < group; ++member) {
                 const int64_t query_head = head * group + member;
                 const float* query = query_data + query_head * head_dim;

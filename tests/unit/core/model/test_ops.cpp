@@ -727,6 +727,50 @@ TEST_CASE("a few queries after a long cache match the float64 reference", "[ops]
     }
 }
 
+TEST_CASE("one-token decoding: a kv head's query heads together give the bits of one by one",
+          "[ops][attention]") {
+    // Grouped-query decoding reads each kv head's keys once for its query heads (from 1,024
+    // keys); each query head's output must be what the kernel's own arithmetic gives it alone.
+    const int64_t kv_heads = 2, head_dim = 64;
+    for (int64_t group : {1, 4}) {
+        for (int64_t keys : {300, 1024, 5000}) {
+            for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+                CAPTURE(group, keys, dtype == torch::kBFloat16);
+                const int64_t query_heads = kv_heads * group;
+                const torch::Tensor k =
+                    (random_tensor({kv_heads, keys, head_dim}, 60) * 2).to(dtype).contiguous();
+                const torch::Tensor v = random_tensor({kv_heads, keys, head_dim}, 61).to(dtype);
+                const torch::Tensor q = random_tensor({query_heads, 1, head_dim}, 62).to(dtype);
+                const torch::Tensor positions = torch::arange(keys, torch::kInt64);
+                AttentionMask mask{positions.narrow(0, keys - 1, 1), positions, 0, {}, {}};
+                const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+                torch::NoGradGuard no_grad;
+                const torch::Tensor got =
+                    attention(q, k, v, mask, scale).to(torch::kFloat32).contiguous();
+                const bool bf16 = dtype == torch::kBFloat16;
+                const torch::Tensor queries = q.to(torch::kFloat32).contiguous();
+                std::vector<float> scores(static_cast<std::size_t>(keys));
+                std::vector<float> expected(static_cast<std::size_t>(query_heads * head_dim), 0.0f);
+                for (int64_t h = 0; h < query_heads; ++h) {
+                    const torch::Tensor kh = k[h / group].contiguous(),
+                                        vh = v[h / group].contiguous();
+                    dot_rows({kh.data_ptr(), bf16}, queries.data_ptr<float>() + h * head_dim,
+                             scores.data(), keys, head_dim);
+                    softmax_scaled_in_place(scores.data(), keys, scale);
+                    accumulate_rows({vh.data_ptr(), bf16}, scores.data(),
+                                    expected.data() + h * head_dim, keys, head_dim);
+                }
+                // The output is rounded to the queries' dtype, as the model's activations are.
+                const torch::Tensor want =
+                    torch::from_blob(expected.data(), {query_heads, 1, head_dim})
+                        .to(dtype)
+                        .to(torch::kFloat32);
+                CHECK(torch::equal(got, want));
+            }
+        }
+    }
+}
+
 TEST_CASE("attend_rows: query rows over prefixes of one kv head, against float64 and row by row",
           "[ops][attention][gemv]") {
     // A short question's rows over a long context: each row over its own prefix of the keys
