@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -725,6 +726,76 @@ TEST_CASE("a few queries after a long cache match the float64 reference", "[ops]
             CHECK(got_by_query == by_query);
         }
     }
+}
+
+namespace {
+
+// Every `stride`-th float from `from` to `to` (bit patterns, both of one sign), through
+// exp_shifted_in_place in runs of odd lengths; returns how many differ from std::exp's bits.
+int64_t exp_mismatches(float from, float to, uint32_t stride) {
+    uint32_t first = 0, last = 0;
+    std::memcpy(&first, &from, 4);
+    std::memcpy(&last, &to, 4);
+    if (first > last) std::swap(first, last);
+    std::vector<float> inputs, outputs;
+    int64_t mismatches = 0;
+    auto flush = [&] {
+        outputs = inputs;
+        exp_shifted_in_place(outputs.data(), static_cast<int64_t>(outputs.size()), 0.0f);
+        for (std::size_t i = 0; i < inputs.size(); ++i) {
+            const float want = std::exp(inputs[i]);
+            if (std::memcmp(&want, &outputs[i], 4) != 0) ++mismatches;
+        }
+        inputs.clear();
+    };
+    for (uint64_t bits = first; bits <= last; bits += stride) {
+        const auto pattern = static_cast<uint32_t>(bits);
+        float value = 0;
+        std::memcpy(&value, &pattern, 4);
+        inputs.push_back(value);
+        if (inputs.size() == 4093) flush();
+    }
+    flush();
+    return mismatches;
+}
+
+}  // namespace
+
+TEST_CASE("exp_shifted_in_place gives expf's bits", "[ops][exp]") {
+    // Softmax's exponentials go 16 lanes at a time in expf's own arithmetic: sampled over the
+    // whole range softmax meets (every 61st float from -104 to 89, every float in [-1, 1] near
+    // 0's ends), the special paths, and the shift applied in float first.
+    CHECK(exp_mismatches(-104.0f, -0.0f, 61) == 0);
+    CHECK(exp_mismatches(0.0f, 89.0f, 61) == 0);
+    CHECK(exp_mismatches(-0x1p-10f, -0.0f, 1) == 0);
+    CHECK(exp_mismatches(-1.0f, -0.99f, 1) == 0);
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<float> special = {-inf,   inf,     std::nanf(""), -88.0f,   88.0f,   88.72f,
+                                  88.73f, -87.99f, -103.9f,       -103.98f, -150.0f, 100.0f,
+                                  -0.0f,  0.0f,    1e-30f,        -1e-30f,  3.4e38f, -3.4e38f};
+    std::vector<float> got = special;
+    exp_shifted_in_place(got.data(), static_cast<int64_t>(got.size()), 0.0f);
+    for (std::size_t i = 0; i < special.size(); ++i) {
+        CAPTURE(special[i]);
+        const float want = std::exp(special[i]);
+        if (std::isnan(want))
+            CHECK(std::isnan(got[i]));
+        else
+            CHECK(std::memcmp(&want, &got[i], 4) == 0);
+    }
+    // x - shift in float, then expf: softmax's subtraction of the row's maximum.
+    std::vector<float> scores = {3.5f, -2.25f, 10.0f, 7.125f, -inf, 0.1f, 9.99f};
+    std::vector<float> shifted = scores;
+    exp_shifted_in_place(shifted.data(), static_cast<int64_t>(shifted.size()), 10.0f);
+    for (std::size_t i = 0; i < scores.size(); ++i) {
+        const float want = std::exp(scores[i] - 10.0f);
+        CHECK(std::memcmp(&want, &shifted[i], 4) == 0);
+    }
+}
+
+TEST_CASE("exp_shifted_in_place gives expf's bits for every float from -104 to 89", "[slow]") {
+    CHECK(exp_mismatches(-104.0f, -0.0f, 1) == 0);
+    CHECK(exp_mismatches(0.0f, 89.0f, 1) == 0);
 }
 
 TEST_CASE("one-token decoding: a kv head's query heads together give the bits of one by one",

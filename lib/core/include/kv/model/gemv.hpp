@@ -49,6 +49,9 @@ void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t 
 /// 36 passes over 4 MiB). Serial: callers split kv heads over threads.
 void attend_rows(StoredRows keys, StoredRows values, const float* queries, int64_t count,
                  const int64_t* visible, int64_t columns, float scale, float* out);
+/// x[n] = expf(x[n] - shift) for n < count, in place, with the bits of glibc's expf (2.27 and
+/// later) on AVX-512, where 16 lanes go at once in its arithmetic; expf itself elsewhere.
+void exp_shifted_in_place(float* x, int64_t count, float shift);
 /// scores[n] = softmax(scale * scores)[n] for n < count, in place: the maximum in float, the
 /// exponentials in float, their sum in double. One-token attention in memory and streamed from
 /// disk both use it, so that the two give the same bits.
