@@ -1,4 +1,5 @@
 // Each numerical piece against the float64 reference.
+#include "kv/float_convert.hpp"
 #include "kv/model/attention_rows.hpp"
 #include "kv/model/gemv.hpp"
 #include "kv/model/ops.hpp"
@@ -217,6 +218,59 @@ TEST_CASE("kvpack's rotate_keys matches the float64 rotation and the runtime's R
         rotate_keys(reinterpret_cast<std::byte*>(rotated.data_ptr<float>()), CacheDtype::f32, rows,
                     settings, -delta);
         CHECK(max_abs_difference(to_vector(rotated), original) < 1e-5);
+    }
+}
+
+TEST_CASE("rotate_keys gives the scalar float32 rotation's bits at every width and layout",
+          "[ops][rope]") {
+    // The vector path (16 values at a time, lanes masked at the end of a row) against the
+    // rotation written out in float32 as the scalar loop computes it, rounded to bf16 by
+    // float_to_bf16; widths with and without a tail, and infinities and NaNs among the keys.
+    for (int64_t head_dim : {24, 32, 64, 80, 128}) {
+        for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
+            for (CacheDtype dtype : {CacheDtype::f32, CacheDtype::bf16}) {
+                CAPTURE(head_dim, layout == RopeLayout::interleaved, dtype == CacheDtype::bf16);
+                ModelConfig config;
+                config.head_dim = head_dim;
+                config.rope_theta = 10000;
+                RopeSettings settings;
+                settings.layout = layout;
+                settings.head_dim = head_dim;
+                settings.inverse_frequencies = rope_inverse_frequencies(config);
+                const int64_t rows = 37, delta = 4097;
+                const torch::Tensor random = random_tensor({rows, head_dim}, 70).contiguous();
+                std::vector<float> values(random.data_ptr<float>(),
+                                          random.data_ptr<float>() + random.numel());
+                values[5] = std::numeric_limits<float>::infinity();
+                values[static_cast<std::size_t>(head_dim) + 3] = std::nanf("");
+                values[static_cast<std::size_t>(2 * head_dim)] = -0.0f;
+                const bool bf16 = dtype == CacheDtype::bf16;
+                std::vector<std::byte> bytes(values.size() * (bf16 ? 2 : 4));
+                for (std::size_t i = 0; i < values.size(); ++i)
+                    store_float(bytes.data(), dtype, i, values[i]);
+                std::vector<std::byte> want = bytes;
+                const int64_t half = head_dim / 2;
+                for (int64_t r = 0; r < rows; ++r)
+                    for (int64_t i = 0; i < half; ++i) {
+                        const float angle =
+                            static_cast<float>(delta) *
+                            settings.inverse_frequencies[static_cast<std::size_t>(i)];
+                        const float c = cosf(angle), s = sinf(angle);
+                        const auto a = static_cast<std::size_t>(
+                            r * head_dim + (layout == RopeLayout::interleaved ? 2 * i : i));
+                        const auto b = static_cast<std::size_t>(
+                            r * head_dim +
+                            (layout == RopeLayout::interleaved ? 2 * i + 1 : i + half));
+                        const float x = load_float(bytes.data(), dtype, a),
+                                    y = load_float(bytes.data(), dtype, b);
+                        const float first = x * c, second = y * s, third = y * c, fourth = x * s;
+                        store_float(want.data(), dtype, a, first - second);
+                        store_float(want.data(), dtype, b, third + fourth);
+                    }
+                rotate_keys(bytes.data(), dtype, static_cast<std::size_t>(rows), settings, delta);
+                CHECK(std::memcmp(bytes.data(), want.data(), bytes.size()) == 0);
+            }
+        }
     }
 }
 
