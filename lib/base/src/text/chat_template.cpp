@@ -261,11 +261,14 @@ struct Object {
     virtual ~Object() = default;
     virtual std::string type_name() const = 0;
     virtual Value attribute(const std::string& name) = 0;
+    /// Drops the values it holds (RenderArena: the end of the render).
+    virtual void release() {}
 };
 
 struct Namespace : Object {
     DictObj attributes;
     std::string type_name() const override { return "Namespace"; }
+    void release() override { attributes.items.clear(); }
     Value attribute(const std::string& name) override {
         if (const Value* v = attributes.find(name)) return *v;
         return Value::undefined("'Namespace' object has no attribute '" + name + "'");
@@ -1231,11 +1234,63 @@ struct Scope {
     }
 };
 
+// What a render creates that can change after it is made: scopes (set), namespaces (set
+// ns.x) and loops (loop.changed). Only these close reference cycles, which shared_ptr never
+// frees: lists and dicts cannot change once built, and a callable holds what existed when it was
+// made. Templates make cycles without trying (a macro is held by the scope it was defined in,
+// which its closure holds) and on purpose ({% set ns.x = ns %}), so the render keeps a weak
+// reference to each and, when it ends, returned or thrown, empties them all: every cycle is
+// broken and everything the render made is freed. Nothing made by a render outlives it (it
+// returns a string), and nothing is emptied before, so templates render as before.
+class RenderArena {
+  public:
+    RenderArena() = default;
+    RenderArena(const RenderArena&) = delete;
+    RenderArena& operator=(const RenderArena&) = delete;
+    ~RenderArena() { release(); }
+
+    std::shared_ptr<Scope> scope(std::shared_ptr<Scope> parent) {
+        auto s = std::make_shared<Scope>();
+        s->parent = std::move(parent);
+        track(scopes_, s);
+        return s;
+    }
+    template <typename T>
+    std::shared_ptr<T> object() {
+        auto o = std::make_shared<T>();
+        track(objects_, std::static_pointer_cast<Object>(o));
+        return o;
+    }
+
+  private:
+    // Expired references are dropped whenever the list doubles, so that it stays within twice
+    // what is alive (a loop of 100,000 iterations makes as many scopes).
+    template <typename T>
+    static void track(std::vector<std::weak_ptr<T>>& list, const std::shared_ptr<T>& p) {
+        if (list.size() == list.capacity() && list.size() >= 64)
+            std::erase_if(list, [](const std::weak_ptr<T>& w) { return w.expired(); });
+        list.push_back(p);
+    }
+    void release() {
+        // Emptying one may free others (their references expire); each is locked first.
+        for (auto& w : scopes_)
+            if (auto s = w.lock()) {
+                s->vars.clear();
+                s->parent.reset();
+            }
+        for (auto& w : objects_)
+            if (auto o = w.lock()) o->release();
+    }
+    std::vector<std::weak_ptr<Scope>> scopes_;
+    std::vector<std::weak_ptr<Object>> objects_;
+};
+
 enum class Flow { normal, break_loop, continue_loop };
 
 class Context {
   public:
     std::shared_ptr<Scope> scope;
+    RenderArena* arena = nullptr;
     ChatRenderOptions options;
     int call_depth = 0;
     Pos pos;  // of the call being made, for errors raised inside builtins
@@ -1265,8 +1320,7 @@ Value make_macro(const MacroStmt* macro, const std::vector<std::string>& params,
                 render_error(call_pos,
                              "macro calls nested deeper than " + std::to_string(max_call_depth));
             }
-            auto scope = std::make_shared<Scope>();
-            scope->parent = defined_in;
+            auto scope = ctx.arena->scope(defined_in);
             size_t first_default = params.size() - defaults.size();
             std::vector<Value> varargs;
             for (size_t i = 0; i < args.positional.size(); ++i) {
@@ -1312,6 +1366,7 @@ Value make_macro(const MacroStmt* macro, const std::vector<std::string>& params,
             if (caller && !scope->vars.count("caller")) scope->vars["caller"] = *caller;
             Context inner;
             inner.scope = scope;
+            inner.arena = ctx.arena;
             inner.options = ctx.options;
             inner.call_depth = ctx.call_depth;
             std::string out;
@@ -2940,11 +2995,15 @@ bool apply_test(Context& ctx, const std::string& name, const Value& value, Args&
 // ---------------------------------------------------------------------------------------------
 // The loop variable
 
-struct Loop : Object {
+struct Loop : Object, std::enable_shared_from_this<Loop> {
     std::vector<Value> items;
     size_t index = 0;
     std::optional<Value> last_changed;
     std::string type_name() const override { return "LoopContext"; }
+    void release() override {
+        items.clear();
+        last_changed.reset();
+    }
     Value attribute(const std::string& name) override {
         int64_t n = static_cast<int64_t>(items.size()), i = static_cast<int64_t>(index);
         if (name == "index") return Value(i + 1);
@@ -2968,7 +3027,9 @@ struct Loop : Object {
             });
         }
         if (name == "changed") {
-            Loop* self = this;
+            // holds the loop: a template may keep it ({% set ns.f = loop.changed %}) and call it
+            // after the loop has ended, as jinja2's bound method allows
+            std::shared_ptr<Loop> self = shared_from_this();
             return make_callable("loop.changed", [self](Context&, Args& args) -> Value {
                 Value current = make_list(args.positional);
                 if (self->last_changed && equal(*self->last_changed, current)) return Value(false);
@@ -3034,8 +3095,7 @@ Flow render_for(const ForStmt& s, Context& ctx, std::string& out) {
         // the filter sees each item in a scope of its own, before the loop variable exists
         for (auto& item : all) {
             Context inner = ctx;
-            inner.scope = std::make_shared<Scope>();
-            inner.scope->parent = ctx.scope;
+            inner.scope = ctx.arena->scope(ctx.scope);
             assign(inner, s.target, item, s.pos);
             if (truthy(s.condition->eval(inner))) items.push_back(item);
         }
@@ -3046,15 +3106,14 @@ Flow render_for(const ForStmt& s, Context& ctx, std::string& out) {
         if (!s.otherwise.empty()) return render_body(s.otherwise, ctx, out);
         return Flow::normal;
     }
-    auto loop = std::make_shared<Loop>();
+    auto loop = ctx.arena->object<Loop>();
     loop->items = items;
     Value loop_value(std::static_pointer_cast<Object>(loop));
     for (size_t i = 0; i < items.size(); ++i) {
         loop->index = i;
         // each iteration starts from the enclosing scope: what the body sets does not survive it
         Context inner = ctx;
-        inner.scope = std::make_shared<Scope>();
-        inner.scope->parent = ctx.scope;
+        inner.scope = ctx.arena->scope(ctx.scope);
         inner.scope->vars["loop"] = loop_value;
         assign(inner, s.target, items[i], s.pos);
         Flow f = render_body(s.body, inner, out);
@@ -3112,8 +3171,7 @@ Flow render_stmt(const Stmt& stmt, Context& ctx, std::string& out) {
     }
     if (auto* s = dynamic_cast<const WithStmt*>(&stmt)) {
         Context inner = ctx;
-        inner.scope = std::make_shared<Scope>();
-        inner.scope->parent = ctx.scope;
+        inner.scope = ctx.arena->scope(ctx.scope);
         for (auto& [name, e] : s->assignments)
             inner.scope->vars[name] = e->eval(ctx);
         return render_body(s->body, inner, out);
@@ -4026,7 +4084,7 @@ std::shared_ptr<Scope> globals(const ChatRenderOptions& options) {
         return make_list(std::move(items));
     });
     scope->vars["namespace"] = make_callable("namespace", [](Context& ctx, Args& args) -> Value {
-        auto ns = std::make_shared<Namespace>();
+        auto ns = ctx.arena->object<Namespace>();
         for (auto& a : args.positional) {
             if (!a.is_dict()) ctx.fail("namespace() takes a mapping as positional argument");
             for (auto& [k, v] : a.dict().items)
@@ -4075,12 +4133,13 @@ std::string ChatTemplate::render(const json::Value& variables,
     if (!variables.is_object())
         throw UsageError("chat template variables must be a JSON object, got " +
                          std::string(json::type_name(variables.type())));
+    RenderArena arena;  // declared first: emptied last, when every other reference has gone
     Context ctx;
+    ctx.arena = &arena;
     ctx.options = options;
     // the template's globals (raise_exception, range, ...) under the variables passed in, as
     // jinja2's context resolves them
-    auto root = std::make_shared<Scope>();
-    root->parent = globals(options);
+    auto root = arena.scope(globals(options));
     for (const auto& [k, v] : variables.as_object())
         root->vars[k] = from_json(v);
     ctx.scope = root;

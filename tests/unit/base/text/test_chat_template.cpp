@@ -283,3 +283,31 @@ TEST_CASE("chat templates: hostile templates are refused, never overflow the sta
               .find("a list repeated into more than") != std::string::npos);
     CHECK(render("{{ ([] * 1000000000000000) | length }}") == "0");
 }
+
+TEST_CASE("chat templates: values that hold themselves render as jinja2's and are freed",
+          "[chat_template]") {
+    // Reference cycles: a namespace holding itself, a list in it holding it, a recursive macro
+    // held by the scope it closes over (every template that defines a macro), a loop keeping
+    // itself through loop.changed, a macro's own namespace holding itself, and loop.changed
+    // called after its loop has ended. The render frees them all, returned or thrown
+    // (LeakSanitizer checks it in scripts/test-sanitizers; tests/fuzz/regressions/chat_template
+    // keeps the same template).
+    const std::string cycles =
+        "{%- set ns = namespace(x=none, items=[]) %}"
+        "{%- set ns.x = ns %}"
+        "{%- set ns.items = [ns, ns.items] %}"
+        "{%- macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{{ n }}{% endmacro %}"
+        "{%- set ns.m = m %}"
+        "{%- for x in [ns] %}{{ loop.changed(loop) }}{% set ns.loop = loop %}"
+        "{% set ns.c = loop.changed %}{% endfor %}"
+        "{{- ns.c(1) }}|{{ m(3) }}|{{ ns.x.x.x.m(2) }}|{{ ns.items[0].items[0].x.items|length }}"
+        "{%- macro outer() %}{% set own = namespace(self=none) %}{% set own.self = own %}"
+        "[{{ caller() }}]{% endmacro %}"
+        "{%- call outer() %}{{ ns.loop.length }}{% endcall %}"
+        "{%- for message in messages %}{% set ns.last = message %}{% endfor %}"
+        "{{- ns.last.role }}";
+    // jinja2 3.1 with transformers' settings (tests/chat_templates/ref_render.py)
+    CHECK(render(cycles) == "TrueTrue|0123|012|2[1]assistant");
+    CHECK(error_of<ChatTemplateError>(cycles + "{{ raise_exception('stop') }}")
+              .find("the template raised an exception: stop") != std::string::npos);
+}
