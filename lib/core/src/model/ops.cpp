@@ -144,6 +144,39 @@ torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
     return rotated;
 }
 
+bool Rope::shift_in_place(const torch::Tensor& x, int64_t delta) const {
+    const auto scalar = x.scalar_type();
+    const bool host_dtype =
+        scalar == torch::kFloat32 || scalar == torch::kBFloat16 || scalar == torch::kFloat16;
+    if (!x.device().is_cpu() || !host_dtype || x.requires_grad() || x.dim() < 2 ||
+        x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()) || x.stride(-1) != 1 ||
+        (x.size(-2) > 1 && x.stride(-2) != x.size(-1)))
+        return false;
+    if (delta == 0 || x.numel() == 0) return true;
+    // The [T, head_dim] blocks, wherever the leading dims put them.
+    const torch::Tensor blocks = x.reshape({-1, x.size(-2), x.size(-1)});
+    if (blocks.data_ptr() != x.data_ptr()) return false;  // reshape had to copy
+    const CacheDtype dtype = scalar == torch::kFloat32    ? CacheDtype::f32
+                             : scalar == torch::kBFloat16 ? CacheDtype::bf16
+                                                          : CacheDtype::f16;
+    const RopeSettings settings{layout_, x.size(-1), inverse_frequencies_};
+    const int64_t rows = x.size(-2), chunk = 4096;
+    const int64_t chunks_per_block = (rows + chunk - 1) / chunk;
+    const std::size_t row_bytes = static_cast<std::size_t>(x.size(-1)) * x.element_size();
+    auto* base = static_cast<std::byte*>(x.data_ptr());
+    const auto block_bytes = static_cast<std::ptrdiff_t>(blocks.stride(0) * x.element_size());
+    at::parallel_for(0, blocks.size(0) * chunks_per_block, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+            const int64_t block = task / chunks_per_block, first = task % chunks_per_block * chunk;
+            rotate_keys(
+                base + block * block_bytes +
+                    static_cast<std::ptrdiff_t>(first) * static_cast<std::ptrdiff_t>(row_bytes),
+                dtype, static_cast<std::size_t>(std::min(chunk, rows - first)), settings, delta);
+        }
+    });
+    return true;
+}
+
 namespace {
 
 // One query token per head on CPU, every stored key visible: the decoding step. libtorch 1.13's

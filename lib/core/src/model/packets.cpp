@@ -88,17 +88,30 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
         for (int64_t layer = 0; layer < layers; ++layer)
             used_per_layer.push_back(lengths[layer]);
     }
+    // A host cache in the stored dtype takes the keys as they are and turns them where they
+    // land: a rotated copy of the packet first would cost as much memory again, every page of it
+    // faulted in (a 32k-token packet of a 1B model: 512 MiB). Same arithmetic, same bits.
+    const bool rotate_in_cache = delta != 0 && keys.scalar_type() == cache.dtype() &&
+                                 cache.device().is_cpu() && !cache.offloaded();
     std::vector<torch::Tensor> keys_per_layer, values_per_layer;
     for (int64_t layer = 0; layer < layers; ++layer) {
         // Float32 arithmetic and one rounding into the cache's dtype, as at bake time: rotated in
         // the stored dtype when the cache keeps it, else in float32 before the conversion.
         const torch::ScalarType rotate_in =
             keys.scalar_type() == cache.dtype() ? cache.dtype() : torch::kFloat32;
-        keys_per_layer.push_back(delta == 0 ? keys[layer]
-                                            : rope.shift(keys[layer].to(rotate_in), delta));
+        keys_per_layer.push_back(delta == 0 || rotate_in_cache
+                                     ? keys[layer]
+                                     : rope.shift(keys[layer].to(rotate_in), delta));
         values_per_layer.push_back(values[layer]);
     }
+    const int64_t first_row = cache.length();
     cache.append(keys_per_layer, values_per_layer, positions, used_per_layer);
+    if (rotate_in_cache)
+        for (int64_t layer = 0; layer < layers; ++layer) {
+            const torch::Tensor landed = cache.keys(layer).narrow(1, first_row, tokens);
+            if (!rope.shift_in_place(landed, delta))
+                landed.copy_(rope.shift(landed, delta));  // not expected: a layout it can't turn
+        }
     cache.advance_to(delta + packet.logical_length);
 }
 

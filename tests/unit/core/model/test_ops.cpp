@@ -155,6 +155,18 @@ TEST_CASE("Rope::shift's in-place path equals rotating by position tables, for e
                 CHECK(torch::equal(fast, general));
             }
             CHECK(torch::equal(rope.shift(x, 0), x));
+            // In place, on a slice of a larger cache-like tensor (rows contiguous per head,
+            // heads apart): the same bits, and nothing outside the slice touched.
+            const torch::Tensor cache = torch::cat({x, x}, 1).contiguous();
+            const torch::Tensor before = cache.clone();
+            const torch::Tensor slice = cache.narrow(1, 1000, 3000);
+            REQUIRE(rope.shift_in_place(slice, -77));
+            CHECK(torch::equal(slice, rope.shift(before.narrow(1, 1000, 3000), -77)));
+            CHECK(torch::equal(cache.narrow(1, 0, 1000), before.narrow(1, 0, 1000)));
+            CHECK(torch::equal(cache.narrow(1, 4000, 6000), before.narrow(1, 4000, 6000)));
+            // Rows that are not contiguous are left alone.
+            CHECK_FALSE(rope.shift_in_place(cache.transpose(0, 1), 5));
+            CHECK(torch::equal(cache.narrow(1, 0, 1000), before.narrow(1, 0, 1000)));
         }
         // A non-contiguous view rotates like its contiguous copy, and the input is untouched.
         const torch::Tensor view = keys.transpose(0, 1);

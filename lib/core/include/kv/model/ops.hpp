@@ -41,6 +41,10 @@ class Rope {
 
     /// Rotates every token of x [..., T, head_dim] by the same offset.
     torch::Tensor shift(const torch::Tensor& x, int64_t delta) const;
+    /// shift() in place, where x is a host f32/bf16/f16 tensor [..., T, head_dim] whose rows
+    /// are contiguous within each [T, head_dim] block (a slice of a KvCache's keys); the same
+    /// bits as shift(). Returns false, touching nothing, where x is not such a tensor.
+    bool shift_in_place(const torch::Tensor& x, int64_t delta) const;
 
     RopeLayout layout() const { return layout_; }
     const std::vector<float>& inverse_frequencies() const { return inverse_frequencies_; }
