@@ -1022,12 +1022,13 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     expand(-1, levels() > 1 ? 1.0 : share, everyone, levels() > 1);
     for (Walk& walk : walks)
         std::swap(walk.current, walk.next);
-    // The points each query keeps at a level, and for each point the queries that keep it.
-    std::unordered_map<int32_t, std::vector<std::size_t>> keepers;
-    std::vector<int32_t> order;
+    // The points each query keeps at a level, as (point, query) pairs; sorted, each point's run
+    // names the queries that keep it. (The order points are expanded in changes nothing: every
+    // choice below is a sort by score with the token or page breaking ties.)
+    std::vector<std::pair<int32_t, uint32_t>> kept;
+    std::vector<std::size_t> keepers;
     for (int level = levels() - 1; level > 0; --level) {
-        keepers.clear();
-        order.clear();
+        kept.clear();
         for (std::size_t g = 0; g < walks.size(); ++g) {
             std::vector<Scored>& current = walks[g].current;
             // Keep the best points whose subtrees cover the pages wanted, never fewer than the
@@ -1046,17 +1047,22 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
                               std::greater<>());
                 const int32_t point = current[keep++].second;
                 covered += pages_below(point);
-                auto [at, fresh] = keepers.try_emplace(point);
-                if (fresh) order.push_back(point);
-                at->second.push_back(g);
+                kept.emplace_back(point, static_cast<uint32_t>(g));
             }
             walks[g].next.clear();
         }
         // Upper points have about 1/p1 children each: all are scored, since a point missed
         // there loses its whole subtree. The share applies where the children are many. The
         // finest level's tokens only count for their pages.
-        for (int32_t point : order)
-            expand(point, level == 1 ? share : 1.0, keepers[point], level > 1);
+        std::sort(kept.begin(), kept.end());
+        for (std::size_t first = 0; first < kept.size();) {
+            std::size_t last = first;
+            keepers.clear();
+            for (; last < kept.size() && kept[last].first == kept[first].first; ++last)
+                keepers.push_back(kept[last].second);
+            expand(kept[first].first, level == 1 ? share : 1.0, keepers, level > 1);
+            first = last;
+        }
         for (Walk& walk : walks)
             std::swap(walk.current, walk.next);
     }
