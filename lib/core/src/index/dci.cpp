@@ -886,9 +886,16 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     thread_local std::vector<std::vector<float>> page_bests;
     if (page_bests.size() < queries.size()) page_bests.resize(queries.size());
     const auto pages_here = static_cast<std::size_t>(page_capacity());
-    std::vector<Walk> walks(queries.size());
+    // The walks and the buffers below are kept per thread too: a step of a 1B model at 131k
+    // tokens makes 112 queries, each of which allocated them afresh.
+    thread_local std::vector<Walk> walk_pool;
+    if (walk_pool.size() < queries.size()) walk_pool.resize(queries.size());
+    const std::span<Walk> walks(walk_pool.data(), queries.size());
     for (std::size_t g = 0; g < queries.size(); ++g) {
         Walk& walk = walks[g];
+        walk.current.clear();
+        walk.next.clear();
+        walk.touched.clear();
         walk.query = queries[g];
         const double query_norm = std::sqrt(dot(walk.query, walk.query, head_dim_));
         // The query lifted onto the keys' sphere, [sqrt(M) q/|q|, 0]: then |T(k) - T(q)|² =
@@ -908,8 +915,9 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     // A point's children in projection order, as the queries see them: their projections,
     // tokens and pages, and where their keys are. An index restored in place keeps them as one
     // run of slots, read where they lie in memory (or copied from its file).
-    std::vector<int32_t> token_list, pages;
-    std::vector<float> projection_list, projection_buffer, token_buffer, key_buffer, rows, scores;
+    thread_local std::vector<int32_t> token_list, pages;
+    thread_local std::vector<float> projection_list, projection_buffer, token_buffer, key_buffer,
+        rows, scores;
     const float* projections = nullptr;
     const int32_t* tokens = nullptr;
     int64_t children = 0, first_slot = 0;
@@ -961,7 +969,7 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     // Scores the children of `owner` nearest each of `members`' queries in projection (all of
     // them, or `share`); a member's candidates for the level below, when `collect`, go to its
     // `next`. The keys of the children any member scores are read once for all of them.
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    thread_local std::vector<std::pair<std::size_t, std::size_t>> runs;
     auto expand = [&](int32_t owner, double take_share, const std::vector<std::size_t>& members,
                       bool collect) {
         load_children(owner);
@@ -1025,8 +1033,8 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     // The points each query keeps at a level, as (point, query) pairs; sorted, each point's run
     // names the queries that keep it. (The order points are expanded in changes nothing: every
     // choice below is a sort by score with the token or page breaking ties.)
-    std::vector<std::pair<int32_t, uint32_t>> kept;
-    std::vector<std::size_t> keepers;
+    thread_local std::vector<std::pair<int32_t, uint32_t>> kept;
+    thread_local std::vector<std::size_t> keepers;
     for (int level = levels() - 1; level > 0; --level) {
         kept.clear();
         for (std::size_t g = 0; g < walks.size(); ++g) {
