@@ -373,9 +373,9 @@ def main():
         create_group(f, "x_scratch").create_dataset("junk", data=np.arange(3))
         f["packets/00000001"].create_dataset("x_extra", data=np.arange(3))
     good("0009_future_minor_and_extensions",
-         "format_version 1.7 with unknown attributes, x_ attributes, datasets and groups, "
+         "format_version 1.8 with unknown attributes, x_ attributes, datasets and groups, "
          "which readers ignore",
-         two_packets(), root={"format_version": "1.7"}, hook=extensions)
+         two_packets(), root={"format_version": "1.8"}, hook=extensions)
     ids = ["doc-%02d" % i for i in range(9)] + ["naïve ünïcode", "with/slash", "日本語"]
     good("0010_many_packets",
          "12 packets, Unicode ids and a slash, lengths 1 to 20, several chunks per packet",
@@ -424,6 +424,17 @@ def main():
          linked, root={"format_version": "1.6"},
          hook=lambda f: add_packet_ids(f, linked))
 
+    one_mib = [packet("doc-1", 40, 300), packet("doc-2", 7, 301)]
+    good("0017_chunks_1mib",
+         "format_version 1.7: tensor_layout chunks-1mib, keys and values in chunks of 1 MiB of "
+         "one plane (here the whole plane: 40 and 7 tokens), shuffle + zstd + Fletcher32",
+         one_mib, root={"format_version": "1.7", "tensor_layout": "chunks-1mib"},
+         chunk_tokens=1 << 16)
+    good("0018_chunks_1mib_uncompressed",
+         "format_version 1.7: tensor_layout chunks-1mib without zstd: Fletcher32 alone",
+         one_mib, root={"format_version": "1.7", "tensor_layout": "chunks-1mib"},
+         chunk_tokens=1 << 16, filters="fletcher32")
+
     # ---- broken
     def truncate(path):
         size = os.path.getsize(path)
@@ -440,7 +451,7 @@ def main():
            "*: not a kvtools cache (format is 'kvtools-kvcachex', expected 'kvtools-kvcache')",
            root={"format": "kvtools-kvcachex"})
     broken("0004_future_major_version", "format_version = '2.0'",
-           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.6)",
+           "*: format version 2.0 is not supported (this reader reads 1.x, up to 1.7)",
            root={"format_version": "2.0"})
     broken("0005_unknown_required_feature",
            "required_features = ['ragged-heads', 'x-teleported-keys']: the second is unknown",
@@ -607,6 +618,19 @@ def main():
            hook=lambda f: add_packet_ids(f, pair, {"doc-1": "/packets/00000000",
                                                    "doc-2": "/packets/00000001",
                                                    "doc-3": "/packets/00000001"}))
+    broken("0035_checksum_chunks_1mib",
+           "format_version 1.7 (chunks-1mib): one byte flipped inside doc-1's first keys chunk",
+           "*: packet 'doc-1': cannot read 'keys': data error detected by Fletcher32 checksum",
+           packets=one_mib, root={"format_version": "1.7", "tensor_layout": "chunks-1mib"},
+           chunk_tokens=1 << 16,
+           after=lambda path: flip_byte_in_chunk(path, "packets/00000000/keys"))
+    broken("0036_checksum_chunks_1mib_uncompressed",
+           "format_version 1.7 (chunks-1mib, Fletcher32 alone): one byte flipped inside doc-1's "
+           "first values chunk",
+           "*: packet 'doc-1': cannot read 'values': data error detected by Fletcher32 checksum",
+           packets=one_mib, root={"format_version": "1.7", "tensor_layout": "chunks-1mib"},
+           chunk_tokens=1 << 16, filters="fletcher32",
+           after=lambda path: flip_byte_in_chunk(path, "packets/00000000/values"))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

@@ -38,7 +38,7 @@ for name in names:
     with h5py.File("%s/%s.kvc" % (corpus, name), "r") as old, h5py.File(name + ".kvc", "r") as new:
         for key in ("format", "dtype", "keys_after_rope", "complete"):
             assert text(old.attrs[key]) == text(new.attrs[key]), (name, key)
-        assert text(new.attrs["format_version"]) == "1.6", name  # with /packet_ids
+        assert text(new.attrs["format_version"]) == "1.7", name  # with tensor_layout
         for key, value in old["model"].attrs.items():
             assert text(value) == text(new["model"].attrs[key]) or float(value) == float(new["model"].attrs[key]), (name, key)
         assert text(new["provenance"].attrs["tool"]) == "kvinspect"

@@ -236,6 +236,34 @@ std::string describe_adapter(const Adapter& adapter) {
     return text;
 }
 
+// "chunks-1mib: keys and values in chunks of 8192 tokens, shuffle + zstd + fletcher32" (section
+// 7): the layout the file names (since 1.7) and what its first packet's keys have.
+std::string describe_layout(const TensorLayout& layout) {
+    std::string text = layout.name.empty() ? "before 1.7" : printable(layout.name);
+    if (layout.storage.empty()) return text;
+    text += ": keys and values ";
+    if (layout.storage == "chunked" && layout.chunk_tokens > 0)
+        text += format("in chunks of %lld tokens", static_cast<long long>(layout.chunk_tokens));
+    else
+        text += layout.storage;
+    std::string filters;
+    for (const std::string& filter : layout.filters)
+        filters += (filters.empty() ? "" : " + ") + filter;
+    return text + ", " + (filters.empty() ? "no filters" : filters);
+}
+
+json::Value layout_json(const TensorLayout& layout) {
+    json::Value value = json::Value::object();
+    value.set("name", layout.name);
+    value.set("storage", layout.storage);
+    value.set("chunk_tokens", layout.chunk_tokens);
+    json::Value filters = json::Value::array();
+    for (const std::string& filter : layout.filters)
+        filters.push_back(filter);
+    value.set("filters", std::move(filters));
+    return value;
+}
+
 std::string describe_cache_text(const CacheReader& reader) {
     const CacheModelInfo& model = reader.model();
     const Provenance& provenance = reader.provenance();
@@ -250,6 +278,7 @@ std::string describe_cache_text(const CacheReader& reader) {
     std::string text;
     text += "file:        " + reader.source() + "\n";
     text += "format:      kvtools-kvcache " + reader.format_version() + "\n";
+    text += "layout:      " + describe_layout(reader.tensor_layout()) + "\n";
     text += "model:       " + (model.model_name.empty() ? "" : kv::quoted(model.model_name) + " ") +
             model.architecture + ", fingerprint " + model.model_fingerprint + "\n";
     text +=
@@ -314,6 +343,7 @@ json::Value describe_cache_json(const CacheReader& reader) {
     json::Value report = json::Value::object();
     report.set("format", "kvtools-kvcache");
     report.set("format_version", reader.format_version());
+    report.set("layout", layout_json(reader.tensor_layout()));
     report.set("dtype", cache_dtype_name(reader.model().dtype));
     report.set("model", model_json(reader.model()));
     report.set("provenance", provenance_json(reader.provenance()));

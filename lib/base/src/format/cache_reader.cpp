@@ -1,6 +1,7 @@
 #include "kv/format/cache_reader.hpp"
 
 #include "adapter_codec.hpp"
+#include "direct_read.hpp"
 #include "hdf5_file.hpp"
 #include "head_positions_codec.hpp"
 #include "index_codec.hpp"
@@ -25,6 +26,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -58,6 +60,7 @@ struct CacheReader::State {
     bool ragged_declared = false;  // required_features lists ragged-heads
     bool quantized_declared = false;     // and quantized-kv
     bool index_layers_declared = false;  // and index-layers
+    int threads = 0;                     // for reading keys and values (0: one per core)
     Handle file;
     Handle f16_type;
 
@@ -536,8 +539,15 @@ void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receiv
     read_packet(id, false, &receive);
 }
 
-Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
-                                const PlaneReceiver* receive, bool with_layouts) const {
+Packet CacheReader::read_into(const std::string& id, std::span<std::byte> keys,
+                              std::span<std::byte> values) const {
+    const std::pair<std::span<std::byte>, std::span<std::byte>> into(keys, values);
+    return read_packet(id, false, nullptr, true, &into);
+}
+
+Packet CacheReader::read_packet(
+    const std::string& id, bool with_tensors, const PlaneReceiver* receive, bool with_layouts,
+    const std::pair<std::span<std::byte>, std::span<std::byte>>* into) const {
     const State& s = *state_;
     const auto [found, ordinal] = entry(id);
     const PacketInfo& info = *found;
@@ -635,18 +645,37 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
         if (!matches)
             in.fail(kv::quoted(name) + " are not stored as " + cache_dtype_name(m.dtype) +
                     " (the file's dtype)");
-        return std::pair<Handle, hid_t>(std::move(dataset), memory_type);
+        // Whether the stored bytes are the memory type's, so that they can be read without
+        // HDF5's conversion (little-endian, and f32 the IEEE layout).
+        const bool same_bytes =
+            H5Tget_order(type.get()) == H5T_ORDER_LE &&
+            (m.dtype != CacheDtype::f32 || H5Tequal(type.get(), H5T_IEEE_F32LE) > 0);
+        H5Eclear2(H5E_DEFAULT);
+        return std::tuple<Handle, hid_t, bool>(std::move(dataset), memory_type, same_bytes);
     };
-    // A whole tensor (keys, values, a quantised residual).
+    // A whole tensor (keys, values, a quantised residual), into `target` of its size.
+    auto read_tensor_to = [&](hid_t parent, const std::string& name, hsize_t tokens,
+                              std::span<std::byte> target) {
+        auto [dataset, memory_type, same_bytes] = open_tensor(parent, name, tokens);
+        // Chunks read, checked and decompressed on every core straight into `target` where the
+        // layout allows (section 7); else, or when a chunk is not as it should be, through
+        // HDF5's filter pipeline, which reports what is wrong in its words.
+        const hsize_t dims[4] = {static_cast<hsize_t>(m.num_layers),
+                                 static_cast<hsize_t>(m.num_kv_heads), tokens,
+                                 static_cast<hsize_t>(m.head_dim)};
+        if (!target.empty() &&
+            !(same_bytes && s.raw_checks &&
+              read_tensor_directly(dataset.get(), s.raw, cache_dtype_size(m.dtype), dims,
+                                   target.data(), s.threads)) &&
+            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
+            in.fail_hdf5("cannot read " + kv::quoted(name));
+    };
     auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
                            std::vector<std::byte>& target) {
-        auto [dataset, memory_type] = open_tensor(parent, name, tokens);
         resize_for_bulk_read(target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) *
                                          tokens * static_cast<std::size_t>(m.head_dim) *
                                          cache_dtype_size(m.dtype));
-        if (!target.empty() &&
-            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
-            in.fail_hdf5("cannot read " + kv::quoted(name));
+        read_tensor_to(parent, name, tokens, target);
     };
     if (receive && !quantized) {
         // One (layer, kv-head) plane at a time, in pieces of at most 16,384 tokens: the chunks
@@ -656,7 +685,8 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
         std::vector<std::byte> piece(static_cast<std::size_t>(piece_tokens) * row_bytes);
         for (const bool keys : {true, false}) {
             const char* name = keys ? "keys" : "values";
-            auto [dataset, memory_type] = open_tensor(g, name, length);
+            auto [dataset, memory_type, same_bytes] = open_tensor(g, name, length);
+            (void)same_bytes;
             Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
             for (int64_t layer = 0; layer < m.num_layers; ++layer)
                 for (int64_t head = 0; head < m.num_kv_heads; ++head)
@@ -677,11 +707,25 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                     }
         }
     }
-    if (quantized && (with_tensors || receive)) {
+    if (into && (into->first.size() != bytes || into->second.size() != bytes))
+        throw UsageError(s.source + ": packet " + kv::quoted(id) + ": its keys and values are " +
+                         std::to_string(bytes) + " bytes each, not " +
+                         std::to_string(into->first.size()) + " and " +
+                         std::to_string(into->second.size()));
+    if (quantized && (with_tensors || receive || into)) {
         if (!s.quantized_declared)
             in.fail("is quantised but the file does not list the feature " +
                     kv::quoted(quantized_feature));
         read_quantized(in, g, m, info.stored_length, read_tensor, packet);
+        if (into) {  // dequantised, then copied
+            std::copy(packet.keys.begin(), packet.keys.end(), into->first.begin());
+            std::copy(packet.values.begin(), packet.values.end(), into->second.begin());
+            packet.keys = {};
+            packet.values = {};
+        }
+    } else if (into) {
+        read_tensor_to(g, "keys", length, into->first);
+        read_tensor_to(g, "values", length, into->second);
     } else if (with_tensors) {
         read_tensor(g, "keys", length, packet.keys);
         read_tensor(g, "values", length, packet.values);
@@ -756,6 +800,10 @@ bool CacheReader::packet_has(const std::string& id, const char* child) const {
     return exists > 0;
 }
 
+void CacheReader::set_threads(int threads) {
+    state_->threads = std::max(threads, 0);
+}
+
 bool CacheReader::has_index(const std::string& id) const {
     return packet_has(id, "index");
 }
@@ -768,6 +816,30 @@ Quantization CacheReader::quantization(const std::string& id) const {
     const std::string path = "/packets/" + packet_group_name(entry(id).second) + "/quantized";
     Handle group = in.open_group(s.file.get(), path, path);
     return read_quantization(in, group.get());
+}
+
+TensorLayout CacheReader::tensor_layout() const {
+    const State& s = *state_;
+    const Lock lock = lock_hdf5();
+    const FileReader in(s.source);
+    TensorLayout layout;
+    layout.name = in.string_attribute_or(s.file.get(), "tensor_layout", "/", "");
+    for (const PacketInfo& info : packets()) {
+        if (info.stored_length == 0) continue;
+        const std::string path = "/packets/" + packet_group_name(entry(info.id).second) + "/keys";
+        const htri_t exists = H5Lexists(s.file.get(), path.c_str(), H5P_DEFAULT);
+        if (exists <= 0) {
+            H5Eclear2(H5E_DEFAULT);
+            continue;
+        }
+        Handle dataset = in.open_dataset(s.file.get(), path, path);
+        const TensorStorage storage = tensor_storage(dataset.get());
+        layout.storage = storage.layout;
+        layout.chunk_tokens = storage.chunk_tokens;
+        layout.filters = storage.filters;
+        break;
+    }
+    return layout;
 }
 
 bool CacheReader::has_adapter() const {

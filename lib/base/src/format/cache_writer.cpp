@@ -117,8 +117,8 @@ CacheWriter::CacheWriter(const std::filesystem::path& path, const CacheModelInfo
     if (options.zstd_level < 0 || options.zstd_level > 22)
         throw UsageError("zstd level " + std::to_string(options.zstd_level) +
                          " is out of range (0-22)");
-    if (options.chunk_tokens <= 0)
-        throw UsageError("chunk_tokens must be positive, not " +
+    if (options.chunk_tokens < 0)
+        throw UsageError("chunk_tokens must be positive (or 0: chunks of 1 MiB), not " +
                          std::to_string(options.chunk_tokens));
     if (s.to_stdout && !options.force && ::isatty(STDOUT_FILENO))
         throw UsageError(
@@ -313,7 +313,10 @@ void CacheWriter::add(const Packet& packet) {
                                        static_cast<hsize_t>(m.num_kv_heads), length,
                                        static_cast<hsize_t>(m.head_dim)};
     const std::vector<hsize_t> chunk = {
-        1, 1, std::min<hsize_t>(length, static_cast<hsize_t>(s.options.chunk_tokens)), dims[3]};
+        1, 1,
+        std::min<hsize_t>(length,
+                          tensor_chunk_tokens(s.options, dims[3] * cache_dtype_size(m.dtype))),
+        dims[3]};
     const char* dtype_attribute = m.dtype == CacheDtype::bf16 ? "bf16" : nullptr;
     if (quantization.enabled()) {
         write_quantized(out, group.get(), packet, quantization, m, s.options, s.key_type.get());
@@ -384,13 +387,14 @@ void CacheWriter::finish() {
         index.reset();
 
         if (s.adapter) write_adapter(out, s.file.get(), *s.adapter, s.options);
-        // Every file has /packet_ids, the latest addition: the lowest version that describes it
-        // is 1.6, whatever else it holds (an index, per-head tokens, quantised packets, an
-        // adapter and partial indexes came before).
+        // Every file has /packet_ids and tensor_layout, the latest addition: the lowest version
+        // that describes it is 1.7, whatever else it holds (an index, per-head tokens, quantised
+        // packets, an adapter, partial indexes and /packet_ids came before).
+        out.write_string(s.file.get(), "tensor_layout", tensor_layout_name(s.options));
         if (H5Adelete(s.file.get(), "format_version") < 0)
             out.fail_hdf5("cannot update the format version");
         out.write_string(s.file.get(), "format_version",
-                         std::to_string(format_major) + "." + std::to_string(packet_ids_minor));
+                         std::to_string(format_major) + "." + std::to_string(tensor_layout_minor));
         std::vector<std::string> features;
         if (s.has_ragged) features.push_back(ragged_feature);
         if (s.has_quantized) features.push_back(quantized_feature);

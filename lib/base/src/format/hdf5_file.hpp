@@ -10,6 +10,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -29,6 +30,20 @@ Lock lock_hdf5();
 /// The innermost message of HDF5's error stack (the most specific: "truncated file: eof = ...",
 /// "data error detected by Fletcher32 checksum"), which is then cleared.
 std::string hdf5_error_detail();
+
+/// Tokens per chunk of a [L, H, S, row] tensor dataset (section 7): the writer's chunk_tokens,
+/// or for 0 (since 1.7) as many as fill 1 MiB (`tensor_chunk_bytes`) of one plane, at least 256.
+inline constexpr int64_t tensor_chunk_bytes = int64_t{1} << 20;
+inline hsize_t tensor_chunk_tokens(const CacheWriteOptions& options, hsize_t row_bytes) {
+    if (options.chunk_tokens > 0) return static_cast<hsize_t>(options.chunk_tokens);
+    return std::max<hsize_t>(
+        256, static_cast<hsize_t>(tensor_chunk_bytes) / std::max<hsize_t>(row_bytes, 1));
+}
+/// The name of the layout the root attribute tensor_layout records (section 7).
+inline std::string tensor_layout_name(const CacheWriteOptions& options) {
+    return options.chunk_tokens > 0 ? "chunks-" + std::to_string(options.chunk_tokens)
+                                    : "chunks-1mib";
+}
 
 // An HDF5 identifier closed by the right function when it goes out of scope. Only used with the
 // mutex held.

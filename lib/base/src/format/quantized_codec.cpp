@@ -38,26 +38,33 @@ void write_quantized(const FileWriter& out, hid_t packet_group, const Packet& pa
         const auto residual = static_cast<hsize_t>(slots - tensor.quantized_slots);
         const auto code_bytes = static_cast<hsize_t>(m.head_dim * quantization.bits / 8);
         const auto groups = static_cast<hsize_t>(m.head_dim / quantization.group_size);
-        const auto chunk_tokens = static_cast<hsize_t>(options.chunk_tokens);
+        const auto row_bytes_of_residual =
+            static_cast<hsize_t>(m.head_dim) * cache_dtype_size(m.dtype);
         out.write_dataset(
             group.get(), prefix + "codes", H5T_STD_U8LE, H5T_NATIVE_UINT8,
             {layers, heads, quantized, code_bytes},
-            {1, 1, std::max<hsize_t>(1, std::min(quantized, chunk_tokens)), code_bytes}, options,
-            false, tensor.codes.data());
+            {1, 1,
+             std::max<hsize_t>(1, std::min(quantized, tensor_chunk_tokens(options, code_bytes))),
+             code_bytes},
+            options, false, tensor.codes.data());
         for (const auto& [name, values] :
              {std::pair<const char*, const std::vector<float>*>{"scales", &tensor.scales},
               {"offsets", &tensor.offsets}})
-            out.write_dataset(
-                group.get(), prefix + name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
-                {layers, heads, quantized, groups},
-                {1, 1, std::max<hsize_t>(1, std::min(quantized, chunk_tokens)), groups}, options,
-                true, values->data());
-        out.write_dataset(group.get(), prefix + "residual", key_type, key_type,
-                          {layers, heads, residual, static_cast<hsize_t>(m.head_dim)},
-                          {1, 1, std::max<hsize_t>(1, std::min(residual, chunk_tokens)),
-                           static_cast<hsize_t>(m.head_dim)},
-                          options, true, tensor.residual.data(),
-                          m.dtype == CacheDtype::bf16 ? "bf16" : nullptr);
+            out.write_dataset(group.get(), prefix + name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                              {layers, heads, quantized, groups},
+                              {1, 1,
+                               std::max<hsize_t>(1, std::min(quantized, tensor_chunk_tokens(
+                                                                            options, 4 * groups))),
+                               groups},
+                              options, true, values->data());
+        out.write_dataset(
+            group.get(), prefix + "residual", key_type, key_type,
+            {layers, heads, residual, static_cast<hsize_t>(m.head_dim)},
+            {1, 1,
+             std::max<hsize_t>(
+                 1, std::min(residual, tensor_chunk_tokens(options, row_bytes_of_residual))),
+             static_cast<hsize_t>(m.head_dim)},
+            options, true, tensor.residual.data(), m.dtype == CacheDtype::bf16 ? "bf16" : nullptr);
     }
 }
 

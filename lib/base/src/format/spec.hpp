@@ -15,8 +15,9 @@ inline constexpr int format_major = 1;
 // Writers write the lowest version that describes the file: 1.0, 1.1 once a packet has an index
 // (6.5), 1.2 once one keeps different tokens per head (6.3), 1.3 once one is quantised (6.6),
 // 1.4 when the file holds an adapter (6.7), 1.5 once an index covers only some layers (6.5),
-// 1.6 with /packet_ids (6.1), which kvtools writes in every file.
-inline constexpr int format_minor = 6;
+// 1.6 with /packet_ids (6.1), 1.7 with tensor_layout (section 7); kvtools writes both in every
+// file.
+inline constexpr int format_minor = 7;
 inline constexpr int index_minor = 1;
 inline constexpr int ragged_minor = 2;
 inline constexpr const char* ragged_feature = "ragged-heads";
@@ -26,6 +27,7 @@ inline constexpr int adapter_minor = 4;
 inline constexpr int index_layers_minor = 5;
 inline constexpr const char* index_layers_feature = "index-layers";
 inline constexpr int packet_ids_minor = 6;
+inline constexpr int tensor_layout_minor = 7;
 inline constexpr int64_t max_1d_chunk = 65536;
 /// Features this reader implements.
 inline const std::set<std::string> known_features = {ragged_feature, quantized_feature,

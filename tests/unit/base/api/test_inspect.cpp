@@ -34,7 +34,10 @@ TEST_CASE("show describes a store from its index", "[inspect]") {
     const kv::CacheReader reader(dir / "a.kvc");
 
     const std::string text = kv::describe_cache_text(reader);
-    CHECK(text.find("format:      kvtools-kvcache 1.6\n") != std::string::npos);
+    CHECK(text.find("format:      kvtools-kvcache 1.7\n") != std::string::npos);
+    // 5 and 2 tokens of head_dim 8: chunks of 1 MiB hold each plane whole.
+    CHECK(text.find("layout:      chunks-1mib: keys and values in chunks of 5 tokens, shuffle + "
+                    "zstd + fletcher32\n") != std::string::npos);
     CHECK(text.find("'models/tiny' LlamaForCausalLM, fingerprint " + std::string(64, 'a')) !=
           std::string::npos);
     CHECK(text.find("dtype:       bf16\n") != std::string::npos);
@@ -43,7 +46,10 @@ TEST_CASE("show describes a store from its index", "[inspect]") {
     CHECK(text.find("dddddddddddd (0+0)") != std::string::npos);
 
     const kv::json::Value json = kv::describe_cache_json(reader);
-    CHECK(json.at("format_version").as_string() == "1.6");
+    CHECK(json.at("format_version").as_string() == "1.7");
+    CHECK(json.at("layout").at("name").as_string() == "chunks-1mib");
+    CHECK(json.at("layout").at("chunk_tokens").as_int() == 5);
+    CHECK(json.at("layout").at("filters").as_array().size() == 3);
     CHECK(json.at("dtype").as_string() == "bf16");
     CHECK(json.at("model").at("num_layers").as_int() == 3);
     CHECK(json.at("model").at("rope_scaling").as_string() == model.rope_scaling);

@@ -86,7 +86,7 @@ TEST_CASE("cache files round-trip every dtype with several packets", "[cache_fil
     write_store(dir / "a.kvc", model, packets, options);
 
     const kv::CacheReader reader(dir / "a.kvc");
-    CHECK(reader.format_version() == "1.6");  // /packet_ids (6.1), in every file
+    CHECK(reader.format_version() == "1.7");  // tensor_layout (section 7), in every file
     CHECK(reader.source() == "'" + (dir / "a.kvc").string() + "'");
     const kv::CacheModelInfo& got = reader.model();
     CHECK(got.model_fingerprint == model.model_fingerprint);
@@ -202,7 +202,7 @@ TEST_CASE("an index over some layers is written with its feature, and read back"
     }
     write_store(dir / "a.kvc", model, {packet});
     const kv::CacheReader reader(dir / "a.kvc");
-    CHECK(reader.format_version() == "1.6");  // 1.5 for the feature, 1.6 for /packet_ids
+    CHECK(reader.format_version() == "1.7");  // 1.5 for the feature, 1.7 for tensor_layout
     const kv::Packet read = reader.read("some");
     CHECK(read.index.layers == std::vector<int64_t>{1, 2});
     CHECK_FALSE(read.index.covers(0));
@@ -577,7 +577,7 @@ TEST_CASE("a packet is found by its link in /packet_ids, without reading the dir
     write_store(dir / "a.kvc", model, packets);
     {
         const kv::CacheReader reader(dir / "a.kvc");
-        CHECK(reader.format_version() == "1.6");
+        CHECK(reader.format_version() == "1.7");
         for (const kv::Packet& packet : packets) {
             CAPTURE(packet.id);
             const kv::PacketInfo& info = reader.packet_info(packet.id);

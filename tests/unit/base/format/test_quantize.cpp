@@ -129,7 +129,7 @@ TEST_CASE("quantised packets round-trip through the file, dequantised on read", 
             writer.finish();
         }
         const CacheReader reader(path);
-        CHECK(reader.format_version() == "1.6");  // 1.3 for quantised packets; /packet_ids
+        CHECK(reader.format_version() == "1.7");  // 1.3 for quantised packets; tensor_layout
         CHECK(reader.quantization("q") == packet.quantization);
         CHECK_FALSE(reader.quantization("plain").enabled());
         const Packet back = reader.read("q");

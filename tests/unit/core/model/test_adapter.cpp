@@ -263,7 +263,7 @@ TEST_CASE("adapter files round-trip, and damage or another model is refused", "[
     CHECK(loaded.training == adapter.training);
     CHECK(loaded.optimizer_step == 4);
     CHECK(loaded.trailer_moment == adapter.trailer_moment);
-    CHECK(CacheReader(path).format_version() == "1.6");  // 1.4 for the adapter; /packet_ids
+    CHECK(CacheReader(path).format_version() == "1.7");  // 1.4 for the adapter; tensor_layout
 
     CacheModelInfo other = info;
     other.model_fingerprint = "another";

@@ -506,7 +506,7 @@ TEST_CASE("each head keeps its own tokens, stored per head and read back", "[com
         writer.finish();
     }
     const CacheReader reader(path);
-    CHECK(reader.format_version() == "1.6");  // 1.2 for per-head tokens; /packet_ids
+    CHECK(reader.format_version() == "1.7");  // 1.2 for per-head tokens; tensor_layout
     const Packet back = reader.read("p");
     CHECK(back.head_lengths == out.head_lengths);
     CHECK(back.head_positions == out.head_positions);

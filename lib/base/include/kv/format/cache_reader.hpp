@@ -22,6 +22,17 @@
 
 namespace kv {
 
+/// How a file stores keys and values (formats/kvcache.md, section 7).
+struct TensorLayout {
+    std::string name;  ///< the root attribute tensor_layout (since 1.7; "" before)
+    /// Of the first packet with unquantised keys: "chunked", "contiguous" or "compact" (""
+    /// when there is none), the tokens per [1, 1, T, D] chunk (0 for another shape or none),
+    /// and the filters in pipeline order ("shuffle", "zstd", "fletcher32", "deflate", ...).
+    std::string storage;
+    int64_t chunk_tokens = 0;
+    std::vector<std::string> filters;
+};
+
 /// Reads a cache file; tensors are read only on request.
 class CacheReader {
   public:
@@ -48,8 +59,19 @@ class CacheReader {
     /// packet, to its group, and no other (kvinspect check; reads the directory whole).
     void check_packet_ids() const;
 
+    /// Threads that read, check and decompress a packet's keys and values (0, the default: one
+    /// per core this process may run on).
+    void set_threads(int threads);
+
     /// Reads one packet with its tensors, verifying checksums and shapes.
     Packet read(const std::string& id) const;
+    /// read() whose keys and values go straight into `keys` and `values` (a decoder's cache
+    /// tensors: [num_layers, num_kv_heads, stored_length, head_dim] in the file's dtype, each
+    /// exactly that many bytes, else UsageError) instead of the packet, which comes back
+    /// without them. Nothing else is allocated for them (a quantised packet is dequantised
+    /// first, then copied); on an error their contents are unspecified.
+    Packet read_into(const std::string& id, std::span<std::byte> keys,
+                     std::span<std::byte> values) const;
     /// read() without keys and values (both left empty): positions, token ids, the index.
     Packet read_without_tensors(const std::string& id) const;
     /// read_without_tensors() whose index keeps its segments, projection and settings but
@@ -75,6 +97,8 @@ class CacheReader {
     bool has_head_positions(const std::string& id) const;
     /// How the packet's keys and values are stored (section 6.6), without reading them.
     Quantization quantization(const std::string& id) const;
+    /// How keys and values are stored (section 7).
+    TensorLayout tensor_layout() const;
     /// Whether the file holds an adapter (section 6.7).
     bool has_adapter() const;
     /// Reads the adapter, checking its shapes and that the vectors match its fingerprint;
@@ -89,8 +113,10 @@ class CacheReader {
     std::pair<const PacketInfo*, std::size_t> find(const std::string& id) const;
     /// find(), throwing FormatError naming the id when there is none.
     std::pair<const PacketInfo*, std::size_t> entry(const std::string& id) const;
-    Packet read_packet(const std::string& id, bool with_tensors, const PlaneReceiver* receive,
-                       bool with_layouts = true) const;
+    Packet read_packet(
+        const std::string& id, bool with_tensors, const PlaneReceiver* receive,
+        bool with_layouts = true,
+        const std::pair<std::span<std::byte>, std::span<std::byte>>* into = nullptr) const;
 
     struct State;
     std::unique_ptr<State> state_;

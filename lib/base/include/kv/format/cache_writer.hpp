@@ -15,7 +15,9 @@ namespace kv {
 struct CacheWriteOptions {
     int zstd_level = 3;          ///< 0: no compression
     bool shuffle = true;         ///< byte shuffle before zstd (helps float data)
-    int64_t chunk_tokens = 256;  ///< tokens per chunk: the smallest unit read from disk
+    /// Tokens per chunk of keys and values, the smallest unit read from disk; 0 (since format
+    /// 1.7): as many as fill 1 MiB of one (layer, kv-head) plane, at least 256.
+    int64_t chunk_tokens = 0;
     bool force = false;          ///< allow writing binary data to a terminal
     /// finish() refuses to replace a file that appeared under the name meanwhile (kvbake
     /// --append creating a store that another process created first).
