@@ -14,7 +14,7 @@ run() { "$@" 2>&1 | sed -e "s|$demo|DEMO|g" -e "s|$PWD|.|g"; echo "exit ${PIPEST
 printf 'Ada Lovelace wrote the first published program, for the Analytical Engine.\n' > document.txt
 
 kvbake -m chat --chat-preamble --system "Be brief." --no-bos document.txt -o store.kvc -q
-kvinspect show store.kvc | awk 'NR > 12 && NF { print $1, $2, $3 }'
+kvinspect show store.kvc | awk 'NR > 13 && NF { print $1, $2, $3 }'
 kvbake -m chat --no-bos document.txt -o plain.kvc -q
 serve() { kvserve-once -m chat --chat --system "Be brief." --temp 0 -n 6 --ignore-eos -p "Who wrote it?" "$@"; }
 serve --cache store.kvc > baked.txt

@@ -10,7 +10,7 @@ kvtrain -m "$demo" --data data.jsonl --epochs 1 --batch 2 --header 4 --trailer 2
     --answer-stop newline --answer-tokens 8 -o adapter.kvc -q
 /usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bake-input data.jsonl -o docs.jsonl
 kvbake -m "$demo" --adapter adapter.kvc docs.jsonl -o packets.kvc -q
-kvinspect show packets.kvc | awk 'NR > 12 && NF { print $1, $4 }' | head -3
+kvinspect show packets.kvc | awk 'NR > 13 && NF { print $1, $4 }' | head -3
 /usr/bin/python3 - <<'PY'
 import h5py
 with h5py.File("packets.kvc", "r") as f, h5py.File("adapter.kvc", "r") as a:
@@ -21,7 +21,7 @@ with h5py.File("packets.kvc", "r") as f, h5py.File("adapter.kvc", "r") as a:
     print("positions from 0:", g["positions"][0], "logical", g.attrs["logical_length"], "=", len(ids))
 PY
 kvpack packets.kvc:niah-256-0/0 packets.kvc:niah-256-0/1 packets.kvc:niah-256-0/2 -o context.kvc
-kvinspect show context.kvc | awk 'NR > 12 && NF { print $2, $3, $4, $5 }'
+kvinspect show context.kvc | awk 'NR > 13 && NF { print $2, $3, $4, $5 }'
 question=$(/usr/bin/python3 -c "import json; print(json.loads(open('data.jsonl').readline())['question'])")
 kvserve-once -m "$demo" --cache context.kvc --prompt "$question" -n 4 --temp 0 > answer.txt
 [ -s answer.txt ] && echo "decoded an answer"

@@ -197,7 +197,7 @@ TEST_CASE("read_into refuses tensors of the wrong size", "[direct_read]") {
 
 TEST_CASE("the corpus files that HDF5 would read chunk by chunk are read directly the same",
           "[direct_read]") {
-    const std::filesystem::path good = std::string(KV_TEST_DATA_DIR) + "/kvcache/good";
+    const std::filesystem::path good = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache" / "good";
     for (const char* name : {"0002_f32_zstd.kvc", "0010_many_packets.kvc", "0017_chunks_1mib.kvc",
                              "0018_chunks_1mib_uncompressed.kvc"}) {
         CAPTURE(name);
