@@ -67,7 +67,10 @@ for name in names:
             if dtype == "bf16":
                 assert text(keys.attrs["dtype"]) == "bf16"
             stored = keys.shape[2]
-            assert keys.chunks == (1, 1, min(256, stored), keys.shape[3]), keys.chunks
+            # 1.7: chunks of up to 1 MiB of one plane, at least 256 tokens (section 7).
+            tokens = max(256, (1 << 20) // (keys.shape[3] * keys.dtype.itemsize))
+            assert keys.chunks == (1, 1, min(tokens, stored), keys.shape[3]), keys.chunks
+            assert text(new.attrs["tensor_layout"]) == "chunks-1mib", name
             assert "32015" in keys._filters and "fletcher32" in keys._filters, keys._filters
             total += 1
 print("%d files, %d packets: equal" % (len(names), total))
