@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <optional>
 
 namespace kv {
 
@@ -116,39 +117,43 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
     return rotated.to(x.scalar_type());
 }
 
+namespace {
+
+// The dtype rotate_keys turns a host tensor's rows in; none for dtypes it does not know.
+std::optional<CacheDtype> rotatable_dtype(const torch::Tensor& x) {
+    switch (x.scalar_type()) {
+        case torch::kFloat32:
+            return CacheDtype::f32;
+        case torch::kBFloat16:
+            return CacheDtype::bf16;
+        case torch::kFloat16:
+            return CacheDtype::f16;
+        default:
+            return std::nullopt;
+    }
+}
+
+}  // namespace
+
 torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
     // Every token turns by the same angles, so one row of cosines serves them all: rotate_keys
     // does that in place on a copy, 30x faster than apply()'s per-token tables and float32
     // temporaries (realigning a 1 GB packet took 6 s), with the same float32 arithmetic and
     // rounding (tests/unit/core/model/test_ops.cpp checks they agree bit for bit). Tensors that
     // need gradients (kvtrain's adapters) or live on a GPU take apply().
-    const auto scalar = x.scalar_type();
-    const bool host_dtype =
-        scalar == torch::kFloat32 || scalar == torch::kBFloat16 || scalar == torch::kFloat16;
-    if (!x.device().is_cpu() || !host_dtype || (at::GradMode::is_enabled() && x.requires_grad()) ||
-        x.dim() < 1 || x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()))
+    if (!x.device().is_cpu() || !rotatable_dtype(x) ||
+        (at::GradMode::is_enabled() && x.requires_grad()) || x.dim() < 1 ||
+        x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()))
         return apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
     torch::Tensor rotated = x.contiguous().clone();
-    if (delta == 0 || rotated.numel() == 0) return rotated;
-    const CacheDtype dtype = scalar == torch::kFloat32    ? CacheDtype::f32
-                             : scalar == torch::kBFloat16 ? CacheDtype::bf16
-                                                          : CacheDtype::f16;
-    const RopeSettings settings{layout_, x.size(-1), inverse_frequencies_};
-    const int64_t rows = rotated.numel() / x.size(-1);
-    const std::size_t row_bytes = static_cast<std::size_t>(x.size(-1)) * rotated.element_size();
-    auto* base = static_cast<std::byte*>(rotated.data_ptr());
-    at::parallel_for(0, rows, 4096, [&](int64_t begin, int64_t end) {
-        rotate_keys(base + static_cast<std::size_t>(begin) * row_bytes, dtype,
-                    static_cast<std::size_t>(end - begin), settings, delta);
-    });
+    // A contiguous copy's rows, as one block: shift_in_place always takes them.
+    shift_in_place(rotated.view({-1, x.size(-1)}), delta);
     return rotated;
 }
 
 bool Rope::shift_in_place(const torch::Tensor& x, int64_t delta) const {
-    const auto scalar = x.scalar_type();
-    const bool host_dtype =
-        scalar == torch::kFloat32 || scalar == torch::kBFloat16 || scalar == torch::kFloat16;
-    if (!x.device().is_cpu() || !host_dtype || x.requires_grad() || x.dim() < 2 ||
+    const std::optional<CacheDtype> dtype = rotatable_dtype(x);
+    if (!x.device().is_cpu() || !dtype || x.requires_grad() || x.dim() < 2 ||
         x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()) || x.stride(-1) != 1 ||
         (x.size(-2) > 1 && x.stride(-2) != x.size(-1)))
         return false;
@@ -156,9 +161,6 @@ bool Rope::shift_in_place(const torch::Tensor& x, int64_t delta) const {
     // The [T, head_dim] blocks, wherever the leading dims put them.
     const torch::Tensor blocks = x.reshape({-1, x.size(-2), x.size(-1)});
     if (blocks.data_ptr() != x.data_ptr()) return false;  // reshape had to copy
-    const CacheDtype dtype = scalar == torch::kFloat32    ? CacheDtype::f32
-                             : scalar == torch::kBFloat16 ? CacheDtype::bf16
-                                                          : CacheDtype::f16;
     const RopeSettings settings{layout_, x.size(-1), inverse_frequencies_};
     const int64_t rows = x.size(-2), chunk = 4096;
     const int64_t chunks_per_block = (rows + chunk - 1) / chunk;
@@ -171,7 +173,7 @@ bool Rope::shift_in_place(const torch::Tensor& x, int64_t delta) const {
             rotate_keys(
                 base + block * block_bytes +
                     static_cast<std::ptrdiff_t>(first) * static_cast<std::ptrdiff_t>(row_bytes),
-                dtype, static_cast<std::size_t>(std::min(chunk, rows - first)), settings, delta);
+                *dtype, static_cast<std::size_t>(std::min(chunk, rows - first)), settings, delta);
         }
     });
     return true;
