@@ -5,11 +5,7 @@
 # through the sparse attention, as the disk tier always runs it); a bad request between good
 # ones fails alone, and no temporary file is left after the job.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
-$tasks niah --tokens 256 --documents 3 --count 2 --seed 4 -o data.jsonl
-$tasks bake-input data.jsonl -o docs.jsonl
-kvbake -m "$demo" --no-bos docs.jsonl -o store.kvc -q
-kvindex store.kvc -o store.kvc -q
+bake_requests_store
 /usr/bin/python3 - > requests.jsonl <<'PY'
 import json
 tasks = [json.loads(line) for line in open("data.jsonl")]

@@ -5,11 +5,7 @@
 # answer is the one kvserve-once gives the same question alone. A prompt too long for the
 # model's context fails its request only; standard input serves as the requests file.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
-$tasks niah --tokens 256 --documents 3 --count 2 --seed 4 -o data.jsonl
-$tasks bake-input data.jsonl -o docs.jsonl
-kvbake -m "$demo" --no-bos docs.jsonl -o store.kvc -q
-kvindex store.kvc -o store.kvc -q
+bake_requests_store
 cp "$KV_CASE_DIR/requests.jsonl" .
 # A prompt longer than the demo model's 32,768 positions, as the last request.
 /usr/bin/python3 -c '
