@@ -188,13 +188,13 @@ struct Message {
 // not parse as a whole header: then nothing is judged here (bytes that only look like a header
 // prefix, as a continuation chunk starting with a dataspace message does, or a header HDF5 itself
 // will find corrupt).
-// A chunk that reaches past the end of the file is a problem (`too_large`) where it cannot be a
-// look-alike: in a version-2 header, or longer than 16 MiB (HDF5 allocates the size it reads
-// before reading: a 15 KB file asked for 21 GB).
+// Where the bytes cannot be a look-alike, what fails to parse is `damage`: a chunk that reaches
+// past the end of the file, in a version-2 header ("OHDR" and its checksum make it one) or longer
+// than 16 MiB (HDF5 allocates the size it reads before reading: a 15 KB file asked for 21 GB).
 bool read_object_header(const RawSource& source, uint64_t base, uint64_t address,
                         const unsigned char* prefix, std::size_t prefix_size,
-                        std::vector<Message>& messages, bool& too_large) {
-    too_large = false;
+                        std::vector<Message>& messages, std::string& damage) {
+    damage.clear();
     const bool v2 = prefix_size >= 7 && std::memcmp(prefix, "OHDR", 4) == 0 && prefix[4] == 2;
     std::vector<std::pair<uint64_t, uint64_t>> chunks;  // [start, length) of message bytes
     uint64_t expected = 0;
@@ -218,7 +218,7 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
         if (chunks.size() > 4096) return false;
         const auto [start, length] = chunks[next];
         if (start > source.size || length > source.size - start) {
-            too_large = v2 || length > (1u << 24);
+            if (v2 || length > (1u << 24)) damage = "larger than the file";
             return false;
         }
         std::vector<unsigned char> chunk(static_cast<std::size_t>(length));
@@ -230,9 +230,9 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
             const unsigned flags = v2 ? chunk[at + 3] : chunk[at + 4];
             const std::size_t data = at + header;
             if (size > chunk.size() - data) return false;
-            messages.push_back({type, flags,
-                                std::vector<unsigned char>(chunk.begin() + data,
-                                                           chunk.begin() + data + size)});
+            messages.push_back(
+                {type, flags,
+                 std::vector<unsigned char>(chunk.begin() + data, chunk.begin() + data + size)});
             if (type == 0x10 && size >= 16) {  // continuation: address, length
                 const uint64_t bytes = load_le(&chunk[data + 8], 8);
                 const uint64_t where = load_le(&chunk[data], 8);
@@ -290,6 +290,31 @@ int64_t dataspace_elements(const unsigned char* space, std::size_t size) {
         count *= dim;
     }
     return static_cast<int64_t>(count);
+}
+
+// A fill value message: new (0x05; version 1 and 2: allocation time, write time, "defined", then
+// the value's size (4) and the value, in version 2 only where defined; version 3: flags, then
+// size and value where flag 0x20 says so) or old (0x04: size, value). HDF5 1.10 copies as many
+// bytes as the size says without checking them against the message (found by fuzzing: 4,616
+// bytes out of a 2-byte message).
+std::string fill_value_problem(uint64_t type, const unsigned char* d, std::size_t size) {
+    std::size_t at = 0;
+    if (type == 0x05) {
+        if (size < 1) return "a fill value message too short";
+        const unsigned version = d[0];
+        if (version == 3) {
+            if (size < 2) return "a fill value message too short";
+            if ((d[1] & 0x20) == 0) return "";
+            at = 2;
+        } else {
+            if (size < 4) return "a fill value message too short";
+            if (version == 2 && d[3] == 0) return "";
+            at = 4;
+        }
+    }
+    if (size < at + 4) return "a fill value message too short";
+    if (load_le(d + at, 4) > size - at - 4) return "a fill value longer than its message";
+    return "";
 }
 
 // A link message (in an object header, or a group's fractal heap): version 1, flags, [type],
@@ -390,26 +415,28 @@ std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64
     auto power_of_two = [](uint64_t v) { return v != 0 && (v & (v - 1)) == 0; };
     auto log2_floor = [](uint64_t v) {
         uint64_t bits = 0;
-        while (v >>= 1) ++bits;
+        while (v >>= 1)
+            ++bits;
         return bits;
     };
     if (!power_of_two(width) || !power_of_two(block) || !power_of_two(max_direct) ||
         max_direct < block || heap_bits > 64 || heap_bits < log2_floor(block) + log2_floor(width) ||
         log2_floor(max_direct) > heap_bits)
-        return "a fractal heap whose doubling table is impossible (width " +
-               std::to_string(width) + ", first block " + std::to_string(block) +
-               ", largest direct block " + std::to_string(max_direct) + ", heap size " +
-               std::to_string(heap_bits) + " bits)";
-    if (filters != 0 || rows != 0 || root == UINT64_MAX || root > UINT64_MAX - base ||
-        block == 0 || block > (1u << 24))
+        return "a fractal heap whose doubling table is impossible (width " + std::to_string(width) +
+               ", first block " + std::to_string(block) + ", largest direct block " +
+               std::to_string(max_direct) + ", heap size " + std::to_string(heap_bits) + " bits)";
+    if (filters != 0 || rows != 0 || root == UINT64_MAX || root > UINT64_MAX - base || block == 0 ||
+        block > (1u << 24))
         return "";
     auto bytes_for = [](uint64_t value) {  // H5VM_limit_enc_size: floor(log2) / 8 + 1
         int bits = 0;
-        while (value >>= 1) ++bits;
+        while (value >>= 1)
+            ++bits;
         return static_cast<uint64_t>(bits / 8 + 1);
     };
     uint64_t direct_bits = 0;
-    for (uint64_t v = max_direct; v > 1; v >>= 1) ++direct_bits;
+    for (uint64_t v = max_direct; v > 1; v >>= 1)
+        ++direct_bits;
     const uint64_t offset_bytes = (heap_bits + 7) / 8;
     const uint64_t length_bytes = std::min((direct_bits + 7) / 8, bytes_for(max_object));
     if (offset_bytes == 0 || offset_bytes > 8 || length_bytes == 0 || length_bytes > 8 ||
@@ -439,9 +466,9 @@ std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64
         if (offset < block_header || offset > block || length > block - offset || length == 0)
             return "a heap id outside its heap";
         const unsigned char* object = direct.data() + offset;
-        const std::string problem =
-            attributes ? attribute_message_problem(source, base, object, length)
-                       : link_message_problem(object, length);
+        const std::string problem = attributes
+                                        ? attribute_message_problem(source, base, object, length)
+                                        : link_message_problem(object, length);
         if (!problem.empty()) return problem;
     }
     return "";
@@ -480,19 +507,29 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                 break;
             case 0x07:
                 return "a dataset stored in external files, which the format does not allow";
+            case 0x04:
+            case 0x05:
+                if (!shared) {
+                    const std::string problem =
+                        fill_value_problem(message.type, d.data(), d.size());
+                    if (!problem.empty()) return problem;
+                }
+                break;
             case 0x06: {
                 const std::string problem = link_message_problem(d.data(), d.size());
                 if (!problem.empty()) return problem;
                 break;
             }
             case 0x0C: {
-                const std::string problem = attribute_message_problem(source, base, d.data(), d.size());
+                const std::string problem =
+                    attribute_message_problem(source, base, d.data(), d.size());
                 if (!problem.empty()) return problem;
                 break;
             }
             case 0x02:    // link info: version, flags, [max creation order (8)], heap, name index
             case 0x15: {  // attribute info: the same, with a 2-byte max creation order
-                const std::size_t order = (d.size() >= 2 && (d[1] & 1)) ? (message.type == 0x02 ? 8 : 2) : 0;
+                const std::size_t order =
+                    (d.size() >= 2 && (d[1] & 1)) ? (message.type == 0x02 ? 8 : 2) : 0;
                 if (d.size() < 2 + order + 16) break;
                 const std::string problem =
                     dense_storage_problem(source, base, load_le(&d[2 + order], 8),
@@ -537,7 +574,8 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
             datatype_size(datatype->data.data()) == 16) {
             const int64_t elements =
                 dataspace_elements(dataspace->data.data(), dataspace->data.size());
-            if (elements < 0 || l.size() < 4 + stored || static_cast<uint64_t>(elements) > stored / 16)
+            if (elements < 0 || l.size() < 4 + stored ||
+                static_cast<uint64_t>(elements) > stored / 16)
                 return "a compact dataset with fewer bytes than its shape needs";
             const std::string problem =
                 check_heap_id_bytes(source, &l[4], static_cast<std::size_t>(elements), 16);
@@ -551,7 +589,8 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
         if (rank < 1 || bytes < 1 || bytes > 8 || l.size() < 5 + std::size_t{rank} * bytes + 1)
             return "";
         std::vector<uint64_t> chunk;
-        for (unsigned i = 0; i < rank; ++i) chunk.push_back(load_le(&l[5 + i * bytes], bytes));
+        for (unsigned i = 0; i < rank; ++i)
+            chunk.push_back(load_le(&l[5 + i * bytes], bytes));
         // Its element size is the datatype's (HDF5 1.10 sizes its copies by one, its buffers by
         // the other: a mismatch read past them).
         if (datatype && datatype->data.size() >= 8 &&
@@ -570,7 +609,8 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
         const uint64_t array = load_le(&l[index_at + 2], 8);
         unsigned char header[16];
         if (array == UINT64_MAX || chunks == 0) return "";  // not written yet: fill values
-        if (array > UINT64_MAX - base || !source.read(base + array, sizeof header, header) || std::memcmp(header, "FAHD", 4) != 0)
+        if (array > UINT64_MAX - base || !source.read(base + array, sizeof header, header) ||
+            std::memcmp(header, "FAHD", 4) != 0)
             return "a chunk index outside the file";
         // HDF5 sizes the array by its own count (a huge one is allocated) and indexes it by the
         // dataset's chunks (a smaller one is read past): it makes them equal.
@@ -603,7 +643,8 @@ std::string btree_header_problem(const RawSource& source, uint64_t base,
     // name hash (4) per record.
     if (record != 17 || root > UINT64_MAX - base) return "";
     std::vector<unsigned char> leaf(static_cast<std::size_t>(6 + records * record));
-    if (!source.read(base + root, leaf.size(), leaf.data()) || std::memcmp(leaf.data(), "BTLF", 4) != 0)
+    if (!source.read(base + root, leaf.size(), leaf.data()) ||
+        std::memcmp(leaf.data(), "BTLF", 4) != 0)
         return "";
     for (uint64_t i = 0; i < records; ++i)
         if (leaf[6 + i * record + 8] & 0x02)
@@ -632,20 +673,21 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
         const bool v2 = std::memcmp(bytes, "OHDR", 4) == 0 && bytes[4] == 2;
         std::vector<Message> messages;
         const uint64_t base = base_in->base_addr;
-        bool too_large = false;
+        std::string damage;
         const bool parsed = (v1 || v2) && read_object_header(file->source, base, address, bytes,
-                                                             size, messages, too_large);
-        if (too_large) {
-            last_problem() = "corrupt object header (larger than the file)";
+                                                             size, messages, damage);
+        if (!damage.empty()) {
+            last_problem() = "corrupt object header (" + damage + ")";
             return -1;
         }
         if (parsed) {
             const std::string problem = object_header_problem(file->source, base, messages);
             if (!problem.empty()) {
                 // What the format leaves out is refused as such; the rest is damage.
-                last_problem() = problem.find("which the format does not allow") != std::string::npos
-                                     ? problem
-                                     : "corrupt object header (" + problem + ")";
+                last_problem() =
+                    problem.find("which the format does not allow") != std::string::npos
+                        ? problem
+                        : "corrupt object header (" + problem + ")";
                 return -1;
             }
         }
@@ -653,7 +695,8 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
     if (type == H5FD_MEM_BTREE && size >= 34) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
         if (std::memcmp(bytes, "BTHD", 4) == 0) {
-            const std::string problem = btree_header_problem(file->source, base_in->base_addr, bytes);
+            const std::string problem =
+                btree_header_problem(file->source, base_in->base_addr, bytes);
             if (!problem.empty()) {
                 last_problem() = "corrupt B-tree (" + problem + ")";
                 return -1;
@@ -664,8 +707,7 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
     if (type == H5FD_MEM_DRAW || type == H5FD_MEM_GHEAP) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
         if (is_collection(bytes, size)) {
-            const uint64_t left =
-                address < file->source.size ? file->source.size - address : 0;
+            const uint64_t left = address < file->source.size ? file->source.size - address : 0;
             const std::string problem = check_collection(bytes, size, left);
             if (!problem.empty()) {
                 last_problem() = "corrupt global heap (" + problem + ")";

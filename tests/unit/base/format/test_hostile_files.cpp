@@ -69,6 +69,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-vlen-string-huge-characters", "a variable-length type of 4278190081-byte elements"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
+        {"hdf5-fill-value-longer-than-message",
+         "corrupt object header (a fill value message too short)"},
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
         {"hdf5-fractal-heap-width-zero",
          "a fractal heap whose doubling table is impossible (width 0, first block 1024"},
