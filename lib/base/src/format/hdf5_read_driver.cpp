@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <new>
 #include <tuple>
@@ -388,6 +389,24 @@ std::string attribute_message_problem(const RawSource& source, uint64_t base,
 // of a header (found by fuzzing: an attribute read past its heap object), so each is checked as
 // a header's would be: the B-tree's root leaf and the heap's root direct block (what groups and
 // objects of kvtools' size have), others are left to HDF5.
+// A version-2 B-tree at `address` whose header ("BTHD", version, type) names another kind of
+// index than the one its referrer expects (`expected`: attribute or link names or creation
+// order, dataset chunks). HDF5 1.10 checks only that the type is one it knows, then opens the
+// tree with its referrer's context taken for the type's (found by fuzzing: an attribute name
+// index typed as a chunk index, SEGV in H5F_sizeof_addr from H5B2__hdr_init). "" when it is of
+// an expected type, or not a B-tree header at all (HDF5 rejects those itself).
+std::string btree_type_problem(const RawSource& source, uint64_t base, uint64_t address,
+                               std::initializer_list<unsigned> expected, const char* what) {
+    unsigned char header[6];
+    if (address == UINT64_MAX || address > UINT64_MAX - base ||
+        !source.read(base + address, sizeof header, header) || std::memcmp(header, "BTHD", 4) != 0)
+        return "";
+    for (unsigned type : expected)
+        if (header[5] == type) return "";
+    return "a B-tree of type " + std::to_string(header[5]) + " where an index of " + what +
+           " belongs";
+}
+
 std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64_t heap,
                                   uint64_t btree, bool attributes) {
     if (heap == UINT64_MAX || btree == UINT64_MAX || heap > UINT64_MAX - base ||
@@ -397,6 +416,12 @@ std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64
     if (!source.read(base + heap, sizeof h, h) || std::memcmp(h, "FRHP", 4) != 0 ||
         !source.read(base + btree, sizeof b, b) || std::memcmp(b, "BTHD", 4) != 0)
         return "";
+    // The heap's B-tree of huge objects (after the largest managed object's size and the next
+    // huge object's id) is one of the four kinds a heap keeps.
+    if (std::string problem = btree_type_problem(source, base, load_le(h + 22, 8), {1u, 2u, 3u, 4u},
+                                                 "huge heap objects");
+        !problem.empty())
+        return problem;
     const uint64_t id_length = load_le(h + 5, 2);
     const uint64_t filters = load_le(h + 7, 2);
     const unsigned flags = h[9];
@@ -531,9 +556,17 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                 const std::size_t order =
                     (d.size() >= 2 && (d[1] & 1)) ? (message.type == 0x02 ? 8 : 2) : 0;
                 if (d.size() < 2 + order + 16) break;
-                const std::string problem =
-                    dense_storage_problem(source, base, load_le(&d[2 + order], 8),
-                                          load_le(&d[2 + order + 8], 8), message.type == 0x15);
+                const bool attributes = message.type == 0x15;
+                std::string problem = btree_type_problem(
+                    source, base, load_le(&d[2 + order + 8], 8), {attributes ? 8u : 5u},
+                    attributes ? "attribute names" : "link names");
+                if (problem.empty() && (d[1] & 2) && d.size() >= 2 + order + 24)
+                    problem = btree_type_problem(
+                        source, base, load_le(&d[2 + order + 16], 8), {attributes ? 9u : 6u},
+                        attributes ? "attribute creation order" : "link creation order");
+                if (problem.empty())
+                    problem = dense_storage_problem(source, base, load_le(&d[2 + order], 8),
+                                                    load_le(&d[2 + order + 8], 8), attributes);
                 if (!problem.empty()) return problem;
                 break;
             }
@@ -598,6 +631,10 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
             return "a chunked dataset whose element size differs from its datatype's";
         const std::size_t index_at = 5 + std::size_t{rank} * bytes;
         const unsigned index_type = l[index_at];
+        // A version-2 B-tree: node size (4), split and merge percent, then its address.
+        if (index_type == 5 && l.size() >= index_at + 7 + 8)
+            return btree_type_problem(source, base, load_le(&l[index_at + 7], 8), {10u, 11u},
+                                      "dataset chunks");
         if (index_type != 3 || l.size() < index_at + 2 + 8) return "";  // not a fixed array
         if (dims.size() + 1 != chunk.size()) return "a chunked dataset whose chunk rank differs";
         uint64_t chunks = 1;

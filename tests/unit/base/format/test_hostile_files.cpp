@@ -64,6 +64,7 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-btree-record-size", "a B-tree whose records do not fit its nodes"},
         {"hdf5-btree-root-records", "more records than fit"},
         {"hdf5-btree-shared-attribute", "a shared attribute"},
+        {"hdf5-btree-wrong-type", "a B-tree of type 2 where an index of attribute names belongs"},
         {"hdf5-packet-attribute-heap-index", "a string points to a missing or wrong global heap"},
         {"hdf5-chunk-element-size", "element size differs from its datatype's"},
         {"hdf5-vlen-string-huge-characters", "a variable-length type of 4278190081-byte elements"},
