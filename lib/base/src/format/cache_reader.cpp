@@ -271,8 +271,8 @@ void check_entry(const FileReader& in, const PacketInfo& info, std::size_t entry
 
 [[noreturn]] void fail_duplicate(const FileReader& in, const std::string& id, std::size_t a,
                                  std::size_t b) {
-    in.fail("duplicate packet id " + kv::quoted(id) + " (entries " + std::to_string(std::min(a, b)) +
-            " and " + std::to_string(std::max(a, b)) + ")");
+    in.fail("duplicate packet id " + kv::quoted(id) + " (entries " +
+            std::to_string(std::min(a, b)) + " and " + std::to_string(std::max(a, b)) + ")");
 }
 
 // The entry number a /packet_ids link names ("/packets/" and 8 digits), -1 for another value.
@@ -378,7 +378,8 @@ std::pair<const PacketInfo*, std::size_t> CacheReader::find(const std::string& i
     const State::IndexDatasets& d = s.index;
     const std::string link = "/packet_ids/" + packet_link_name(id);
     const std::string what = "packet " + kv::quoted(id) + ": its link " + kv::quoted(link);
-    const std::optional<std::string> value = soft_link(in, d.packet_ids.get(), packet_link_name(id), what);
+    const std::optional<std::string> value =
+        soft_link(in, d.packet_ids.get(), packet_link_name(id), what);
     if (!value) return {nullptr, 0};
     const int64_t entry = linked_entry(*value);
     if (entry < 0 || static_cast<hsize_t>(entry) >= s.count)
@@ -426,7 +427,8 @@ void CacheReader::check_packet_ids() const {
     if (H5Gget_info(group, &info) < 0) in.fail_hdf5("cannot read '/packet_ids'");
     for (std::size_t i = 0; i < all.size(); ++i) {
         const std::string link = "/packet_ids/" + packet_link_name(all[i].id);
-        const std::string what = "packet " + kv::quoted(all[i].id) + ": its link " + kv::quoted(link);
+        const std::string what =
+            "packet " + kv::quoted(all[i].id) + ": its link " + kv::quoted(link);
         const std::optional<std::string> value =
             soft_link(in, group, packet_link_name(all[i].id), what);
         if (!value) in.fail("packet " + kv::quoted(all[i].id) + " has no link in '/packet_ids'");
@@ -481,9 +483,9 @@ std::pair<const PacketInfo*, std::size_t> CacheReader::entry(const std::string& 
         }
         if (s.count > 5) held += ", ...";
         throw FormatError("no packet " + kv::quoted(id) + " in " + s.source +
-                          (held.empty() ? " (it holds no packet)"
-                                        : " (it holds " + std::to_string(s.count) + ": " + held +
-                                              ")"));
+                          (held.empty()
+                               ? " (it holds no packet)"
+                               : " (it holds " + std::to_string(s.count) + ": " + held + ")"));
     }
     return found;
 }
@@ -539,15 +541,62 @@ void CacheReader::read_planes(const std::string& id, const PlaneReceiver& receiv
     read_packet(id, false, &receive);
 }
 
+namespace {
+
+// The planes of a contiguous [L, H, T, D] tensor of `row_bytes` rows.
+PlaneTargets contiguous_planes(std::byte* data, int64_t layers, int64_t heads, int64_t tokens,
+                               std::size_t row_bytes) {
+    PlaneTargets planes;
+    planes.head_stride = static_cast<std::size_t>(tokens) * row_bytes;
+    for (int64_t layer = 0; layer < layers; ++layer)
+        planes.layers.push_back(data +
+                                static_cast<std::size_t>(layer * heads) * planes.head_stride);
+    return planes;
+}
+
+}  // namespace
+
 Packet CacheReader::read_into(const std::string& id, std::span<std::byte> keys,
                               std::span<std::byte> values) const {
-    const std::pair<std::span<std::byte>, std::span<std::byte>> into(keys, values);
+    const CacheModelInfo& m = state_->model;
+    const PacketInfo& info = packet_info(id);
+    const std::size_t row_bytes = static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype);
+    std::size_t bytes = 0;
+    try {
+        bytes = checked_elements({m.num_layers, m.num_kv_heads, info.stored_length, m.head_dim}) *
+                cache_dtype_size(m.dtype);
+    } catch (const FormatError&) {
+        throw FormatError(state_->source + ": packet " + kv::quoted(id) + ": stored_length " +
+                          std::to_string(info.stored_length) + " is too large");
+    }
+    if (keys.size() != bytes || values.size() != bytes)
+        throw UsageError(state_->source + ": packet " + kv::quoted(id) +
+                         ": its keys and values are " + std::to_string(bytes) +
+                         " bytes each, not " + std::to_string(keys.size()) + " and " +
+                         std::to_string(values.size()));
+    const std::pair<PlaneTargets, PlaneTargets> into(
+        contiguous_planes(keys.data(), m.num_layers, m.num_kv_heads, info.stored_length, row_bytes),
+        contiguous_planes(values.data(), m.num_layers, m.num_kv_heads, info.stored_length,
+                          row_bytes));
     return read_packet(id, false, nullptr, true, &into);
 }
 
-Packet CacheReader::read_packet(
-    const std::string& id, bool with_tensors, const PlaneReceiver* receive, bool with_layouts,
-    const std::pair<std::span<std::byte>, std::span<std::byte>>* into) const {
+Packet CacheReader::read_into(const std::string& id, const PlaneTargets& keys,
+                              const PlaneTargets& values) const {
+    const CacheModelInfo& m = state_->model;
+    if (keys.layers.size() != static_cast<std::size_t>(m.num_layers) ||
+        values.layers.size() != keys.layers.size())
+        throw UsageError(state_->source + ": packet " + kv::quoted(id) + ": planes for " +
+                         std::to_string(keys.layers.size()) + " and " +
+                         std::to_string(values.layers.size()) + " layers, the file has " +
+                         std::to_string(m.num_layers));
+    const std::pair<PlaneTargets, PlaneTargets> into(keys, values);
+    return read_packet(id, false, nullptr, true, &into);
+}
+
+Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
+                                const PlaneReceiver* receive, bool with_layouts,
+                                const std::pair<PlaneTargets, PlaneTargets>* into) const {
     const State& s = *state_;
     const auto [found, ordinal] = entry(id);
     const PacketInfo& info = *found;
@@ -653,29 +702,61 @@ Packet CacheReader::read_packet(
         H5Eclear2(H5E_DEFAULT);
         return std::tuple<Handle, hid_t, bool>(std::move(dataset), memory_type, same_bytes);
     };
-    // A whole tensor (keys, values, a quantised residual), into `target` of its size.
+    const std::size_t row_bytes = static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype);
+    // A whole tensor (keys, values, a quantised residual), into the planes of `target`.
     auto read_tensor_to = [&](hid_t parent, const std::string& name, hsize_t tokens,
-                              std::span<std::byte> target) {
+                              const PlaneTargets& target) {
         auto [dataset, memory_type, same_bytes] = open_tensor(parent, name, tokens);
+        if (tokens == 0 || m.num_layers == 0 || m.num_kv_heads == 0 || m.head_dim == 0) return;
         // Chunks read, checked and decompressed on every core straight into `target` where the
         // layout allows (section 7); else, or when a chunk is not as it should be, through
         // HDF5's filter pipeline, which reports what is wrong in its words.
         const hsize_t dims[4] = {static_cast<hsize_t>(m.num_layers),
                                  static_cast<hsize_t>(m.num_kv_heads), tokens,
                                  static_cast<hsize_t>(m.head_dim)};
-        if (!target.empty() &&
-            !(same_bytes && s.raw_checks &&
-              read_tensor_directly(dataset.get(), s.raw, cache_dtype_size(m.dtype), dims,
-                                   target.data(), s.threads)) &&
-            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, target.data()) < 0)
+        if (same_bytes && s.raw_checks &&
+            read_tensor_directly(dataset.get(), s.raw, cache_dtype_size(m.dtype), dims, target,
+                                 s.threads))
+            return;
+        const std::size_t plane_bytes = static_cast<std::size_t>(tokens) * row_bytes;
+        bool contiguous = target.head_stride == plane_bytes;
+        for (std::size_t layer = 1; contiguous && layer < target.layers.size(); ++layer)
+            contiguous = target.layers[layer] == target.layers[0] + layer * dims[1] * plane_bytes;
+        if (contiguous) {
+            if (H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        target.layers[0]) < 0)
+                in.fail_hdf5("cannot read " + kv::quoted(name));
+            return;
+        }
+        // A layer at a time into its planes, `head_stride` apart: a memory dataspace of heads
+        // that long, of which the first T rows of each are selected.
+        if (target.head_stride % row_bytes != 0 || target.head_stride < plane_bytes)
+            throw UsageError(s.source + ": packet planes " + std::to_string(target.head_stride) +
+                             " bytes apart cannot hold " + std::to_string(tokens) + " rows of " +
+                             std::to_string(row_bytes) + " bytes");
+        const hsize_t memory_dims[3] = {dims[1], target.head_stride / row_bytes, dims[3]};
+        const hsize_t memory_start[3] = {0, 0, 0}, memory_count[3] = {dims[1], tokens, dims[3]};
+        Handle memory_space(H5Screate_simple(3, memory_dims, nullptr), H5Sclose);
+        Handle file_space(H5Dget_space(dataset.get()), H5Sclose);
+        if (H5Sselect_hyperslab(memory_space.get(), H5S_SELECT_SET, memory_start, nullptr,
+                                memory_count, nullptr) < 0)
             in.fail_hdf5("cannot read " + kv::quoted(name));
+        for (hsize_t layer = 0; layer < dims[0]; ++layer) {
+            const hsize_t start[4] = {layer, 0, 0, 0}, count[4] = {1, dims[1], tokens, dims[3]};
+            if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count,
+                                    nullptr) < 0 ||
+                H5Dread(dataset.get(), memory_type, memory_space.get(), file_space.get(),
+                        H5P_DEFAULT, target.layers[layer]) < 0)
+                in.fail_hdf5("cannot read " + kv::quoted(name));
+        }
     };
     auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
                            std::vector<std::byte>& target) {
-        resize_for_bulk_read(target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) *
-                                         tokens * static_cast<std::size_t>(m.head_dim) *
-                                         cache_dtype_size(m.dtype));
-        read_tensor_to(parent, name, tokens, target);
+        resize_for_bulk_read(
+            target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) * tokens * row_bytes);
+        read_tensor_to(parent, name, tokens,
+                       contiguous_planes(target.data(), m.num_layers, m.num_kv_heads,
+                                         static_cast<int64_t>(tokens), row_bytes));
     };
     if (receive && !quantized) {
         // One (layer, kv-head) plane at a time, in pieces of at most 16,384 tokens: the chunks
@@ -707,19 +788,23 @@ Packet CacheReader::read_packet(
                     }
         }
     }
-    if (into && (into->first.size() != bytes || into->second.size() != bytes))
-        throw UsageError(s.source + ": packet " + kv::quoted(id) + ": its keys and values are " +
-                         std::to_string(bytes) + " bytes each, not " +
-                         std::to_string(into->first.size()) + " and " +
-                         std::to_string(into->second.size()));
     if (quantized && (with_tensors || receive || into)) {
         if (!s.quantized_declared)
             in.fail("is quantised but the file does not list the feature " +
                     kv::quoted(quantized_feature));
         read_quantized(in, g, m, info.stored_length, read_tensor, packet);
-        if (into) {  // dequantised, then copied
-            std::copy(packet.keys.begin(), packet.keys.end(), into->first.begin());
-            std::copy(packet.values.begin(), packet.values.end(), into->second.begin());
+        if (into) {  // dequantised, then copied plane by plane
+            const std::size_t plane_bytes =
+                static_cast<std::size_t>(info.stored_length) * row_bytes;
+            for (int64_t layer = 0; layer < m.num_layers; ++layer)
+                for (int64_t head = 0; head < m.num_kv_heads; ++head) {
+                    const std::size_t at =
+                        static_cast<std::size_t>(layer * m.num_kv_heads + head) * plane_bytes;
+                    const auto l = static_cast<std::size_t>(layer),
+                               h = static_cast<std::size_t>(head);
+                    std::memcpy(into->first.plane(l, h), packet.keys.data() + at, plane_bytes);
+                    std::memcpy(into->second.plane(l, h), packet.values.data() + at, plane_bytes);
+                }
             packet.keys = {};
             packet.values = {};
         }
@@ -780,9 +865,8 @@ Packet CacheReader::read_packet(
                                            packet.index.page_size);
             if (!problem.empty())
                 in.fail("invalid index of layer " +
-                        std::to_string(packet.index.layers.empty()
-                                           ? static_cast<int64_t>(row)
-                                           : packet.index.layers.at(row)) +
+                        std::to_string(packet.index.layers.empty() ? static_cast<int64_t>(row)
+                                                                   : packet.index.layers.at(row)) +
                         ", kv-head " +
                         std::to_string(i / segments % static_cast<std::size_t>(m.num_kv_heads)) +
                         ", segment " + std::to_string(i % segments) + ": " + problem);

@@ -256,8 +256,8 @@ struct Chunk {
     haddr_t address = 0;
     hsize_t size = 0;
     unsigned mask = 0;
-    std::size_t target = 0;  // byte offset of its first row in the tensor
-    std::size_t rows = 0;    // rows of the tensor it holds (fewer than T at the end of a plane)
+    std::byte* target = nullptr;  // where its first row goes
+    std::size_t rows = 0;  // rows of the tensor it holds (fewer than T at the end of a plane)
 };
 
 // Reads `bytes` at `at` into `out` in pieces that Fletcher32 sums while they are in the cache.
@@ -284,7 +284,7 @@ bool read_checksum(const RawSource& raw, uint64_t at, uint32_t& stored) {
 }  // namespace
 
 bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t element_size,
-                          const hsize_t (&dims)[4], std::byte* target, int threads) {
+                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads) {
     if (threads <= 0) threads = default_read_threads();
     const TensorStorage storage = tensor_storage(dataset);
     if (!storage.direct) return false;
@@ -300,10 +300,15 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
             H5Eclear2(H5E_DEFAULT);
             return false;
         }
-        constexpr std::size_t piece = std::size_t{4} << 20;
-        return run_parallel((total + piece - 1) / piece, threads, [&](int, std::size_t item) {
-            const std::size_t at = item * piece;
-            return raw.read(address + at, std::min(piece, total - at), target + at);
+        // Each plane in pieces of about 4 MiB of whole rows.
+        const std::size_t plane_bytes = length * row_bytes;
+        const std::size_t piece =
+            std::max<std::size_t>(1, (std::size_t{4} << 20) / row_bytes) * row_bytes;
+        const std::size_t per_plane = (plane_bytes + piece - 1) / piece;
+        return run_parallel(planes * per_plane, threads, [&](int, std::size_t item) {
+            const std::size_t plane = item / per_plane, at = item % per_plane * piece;
+            return raw.read(address + plane * plane_bytes + at, std::min(piece, plane_bytes - at),
+                            target.plane(plane / dims[1], plane % dims[1]) + at);
         });
     }
 
@@ -344,7 +349,8 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
                 H5Eclear2(H5E_DEFAULT);
                 return false;  // a chunk never written (HDF5 fills it), or not in the file
             }
-            chunk.target = (plane * length + c * chunk_tokens) * row_bytes;
+            chunk.target =
+                target.plane(plane / dims[1], plane % dims[1]) + c * chunk_tokens * row_bytes;
             chunk.rows = std::min(chunk_tokens, length - c * chunk_tokens);
         }
 
@@ -362,7 +368,7 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
         }
         const std::size_t payload = static_cast<std::size_t>(chunk.size) - (summed ? 4 : 0);
         if (chunk.size < (summed ? 4u : 0u)) return false;
-        std::byte* out = target + chunk.target;
+        std::byte* out = chunk.target;
         const std::size_t out_bytes = chunk.rows * row_bytes;
         if (!compressed && payload != chunk_bytes) return false;
         if (!compressed && !shuffled) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "hdf5_read_driver.hpp"
+#include "kv/format/cache_reader.hpp"
 
 #include <hdf5.h>
 
@@ -51,12 +52,12 @@ struct TensorStorage {
 TensorStorage tensor_storage(hid_t dataset);
 
 /// Reads the whole dataset [L, H, S, D] of `element_size`-byte values, whose file type is the
-/// memory type byte for byte (the caller checks), into `target` (L*H*S*D*element_size bytes),
-/// with `threads` threads (0: one per core). Call with the HDF5 lock held (HDF5 is asked for the
-/// chunks' places; the threads never call it). False: it did not read (anything may have been
-/// written to `target`), and the caller reads through HDF5.
+/// memory type byte for byte (the caller checks), into the planes of `target` (S rows of
+/// D*element_size bytes each), with `threads` threads (0: one per core). Call with the HDF5 lock
+/// held (HDF5 is asked for the chunks' places; the threads never call it). False: it did not
+/// read (anything may have been written to the planes), and the caller reads through HDF5.
 bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t element_size,
-                          const hsize_t (&dims)[4], std::byte* target, int threads);
+                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads);
 
 /// The threads read_tensor_directly uses for 0: the cores this process may run on.
 int default_read_threads();

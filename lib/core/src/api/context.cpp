@@ -43,16 +43,39 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             selection.id.empty() ? reader.packets()
                                  : std::vector<PacketInfo>{reader.packet_info(selection.id)};
         for (const PacketInfo& info : selected) {
-            read_start = Clock::now();
             // An offloaded cache takes the keys and values plane by plane from the file, so
-            // that memory never holds a whole packet.
+            // that memory never holds a whole packet. A cache in memory, when nothing keeps the
+            // packet for later, has them read straight into its rows after its end: a copy of
+            // the packet in between cost as much memory again, each page faulted in and zeroed
+            // (a 32k-token packet of a 1B model: 1 GiB, most of the time it took to read).
             const bool by_plane = cache.offloaded();
+            const bool in_place = !by_plane && !packets.keeps_packets() &&
+                                  can_read_into_cache(reader, info.id, cache);
+            if (in_place && cache.length() == 0 && add_bos) {
+                // BOS goes first: whether the packet starts with it is known before its rows
+                // are read to where BOS would go.
+                const Packet peek = reader.read_without_tensors_or_layouts(info.id);
+                if (peek.token_ids.empty() || peek.token_ids.front() != tokenizer.bos_id()) {
+                    const int32_t bos = tokenizer.bos_id();
+                    model.prefill(std::span<const int32_t>(&bos, 1), cache);
+                    assembled.bos_added = true;
+                }
+            }
+            read_start = Clock::now();
             SourcedPacket sourced;
-            if (by_plane)
+            if (by_plane) {
                 sourced.packet =
                     std::make_shared<Packet>(reader.read_without_tensors_or_layouts(info.id));
-            else
+            } else if (in_place) {
+                cache.reserve(cache.length() + info.stored_length + reserve_extra);
+                sourced.packet =
+                    std::make_shared<Packet>(read_packet_into_cache(reader, info.id, cache));
+                sourced.bytes_read = 2 * info.stored_length * model_info.num_layers *
+                                     model_info.num_kv_heads * model_info.head_dim *
+                                     static_cast<int64_t>(cache_dtype_size(reader.model().dtype));
+            } else {
                 sourced = packets.packet(shared_reader, info.id);
+            }
             ++(sourced.from_memory ? assembled.packets_from_memory : assembled.packets_read);
             // A packet kept for later questions is lent: the callback gets a copy of what it
             // may take (the index), never the packet itself.
@@ -72,7 +95,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                          : sourced.bytes_read;
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
-            if (cache.length() == 0 && add_bos && !starts_with_bos) {
+            if (cache.length() == 0 && add_bos && !starts_with_bos && !in_place) {
                 const int32_t bos = tokenizer.bos_id();
                 model.prefill(std::span<const int32_t>(&bos, 1), cache);
                 assembled.bos_added = true;
@@ -113,7 +136,10 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 assembled.read_seconds += since(read_start);
             } else {
                 const auto append_start = Clock::now();
-                append_packet(model.rope(), cache, packet, reader.model().dtype);
+                if (in_place)
+                    append_packet_in_place(model.rope(), cache, packet);
+                else
+                    append_packet(model.rope(), cache, packet, reader.model().dtype);
                 assembled.append_seconds += since(append_start);
             }
             assembled.tokens.insert(assembled.tokens.end(), packet.token_ids.begin(),

@@ -199,6 +199,34 @@ void KvCache::reserve(int64_t capacity) {
     capacity_ = capacity;
 }
 
+KvCache::RowsAfterEnd KvCache::rows_after_end(int64_t count) {
+    if (arena_ || !device_.is_cpu())
+        throw UnsupportedError("kv cache: rows are written in place only in host memory");
+    if (pending_ != 0) throw Error("kv cache: rows_after_end while tokens are pending");
+    reserve(length_ + count);
+    RowsAfterEnd rows;
+    const auto row_bytes = static_cast<std::size_t>(head_dim_) * c10::elementSize(dtype_);
+    rows.head_stride = static_cast<std::size_t>(capacity_) * row_bytes;
+    for (std::size_t layer = 0; layer < keys_.size(); ++layer) {
+        const std::size_t end = static_cast<std::size_t>(length_) * row_bytes;
+        rows.keys.push_back(static_cast<std::byte*>(keys_[layer].data_ptr()) + end);
+        rows.values.push_back(static_cast<std::byte*>(values_[layer].data_ptr()) + end);
+    }
+    return rows;
+}
+
+void KvCache::append_written(const torch::Tensor& positions) {
+    if (length_ + positions.numel() > capacity_)
+        throw Error("kv cache: " + std::to_string(positions.numel()) +
+                    " tokens written after the end, room for " +
+                    std::to_string(capacity_ - length_));
+    begin_append(positions);
+    if (!valid_.empty())
+        for (torch::Tensor& valid : valid_)
+            valid.narrow(1, length_, pending_).fill_(true);
+    commit();
+}
+
 void KvCache::begin_append(const torch::Tensor& positions) {
     if (pending_ != 0) throw Error("kv cache: begin_append while tokens are pending");
     const int64_t count = positions.numel();

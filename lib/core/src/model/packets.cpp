@@ -115,6 +115,38 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
     cache.advance_to(delta + packet.logical_length);
 }
 
+bool can_read_into_cache(const CacheReader& reader, const std::string& id, const KvCache& cache) {
+    return !cache.offloaded() && cache.device().is_cpu() &&
+           torch_dtype(reader.model().dtype) == cache.dtype() && !reader.has_head_positions(id);
+}
+
+Packet read_packet_into_cache(const CacheReader& reader, const std::string& id, KvCache& cache) {
+    const KvCache::RowsAfterEnd rows = cache.rows_after_end(reader.packet_info(id).stored_length);
+    return reader.read_into(id, PlaneTargets{rows.keys, rows.head_stride},
+                            PlaneTargets{rows.values, rows.head_stride});
+}
+
+void append_packet_in_place(const Rope& rope, KvCache& cache, const Packet& packet) {
+    const int64_t tokens = packet.stored_length();
+    if (static_cast<int64_t>(packet.positions.size()) != tokens)
+        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
+                          std::to_string(packet.positions.size()) + " positions for " +
+                          std::to_string(tokens) + " tokens");
+    const int64_t delta = cache.next_position();
+    const int64_t first_row = cache.length();
+    cache.append_written(
+        torch::from_blob(const_cast<int64_t*>(packet.positions.data()), {tokens}, torch::kInt64) +
+        delta);
+    // Turned where they landed, as append_packet turns a host cache's keys of the stored dtype.
+    if (delta != 0)
+        for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+            const torch::Tensor landed = cache.keys(layer).narrow(1, first_row, tokens);
+            if (!rope.shift_in_place(landed, delta))
+                landed.copy_(rope.shift(landed, delta));  // not expected: a layout it can't turn
+        }
+    cache.advance_to(delta + packet.logical_length);
+}
+
 void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet,
                           const CacheReader& reader, CacheDtype dtype) {
     const int64_t tokens = packet.stored_length();

@@ -54,8 +54,12 @@ BothReads read_both(const std::filesystem::path& path, const std::string& datase
     BothReads reads;
     reads.directly.resize(dims[0] * dims[1] * dims[2] * dims[3] * element_size);
     reads.by_hdf5.resize(reads.directly.size());
-    reads.direct = kv::format::read_tensor_directly(dataset, raw, element_size, dims,
-                                                    reads.directly.data(), threads);
+    kv::PlaneTargets planes;
+    planes.head_stride = dims[2] * dims[3] * element_size;
+    for (hsize_t layer = 0; layer < dims[0]; ++layer)
+        planes.layers.push_back(reads.directly.data() + layer * dims[1] * planes.head_stride);
+    reads.direct =
+        kv::format::read_tensor_directly(dataset, raw, element_size, dims, planes, threads);
     REQUIRE(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, reads.by_hdf5.data()) >=
             0);
     H5Dclose(dataset);
@@ -182,6 +186,57 @@ TEST_CASE("keys and values are read directly as HDF5 reads them, in every layout
                                      : std::vector<std::string>{"fletcher32"}));
                     CHECK(reader.format_version() == "1.7");
                 }
+    }
+}
+
+TEST_CASE("read_into planes further apart than the packet's: each plane's rows in its place",
+          "[direct_read]") {
+    // A decoder's cache: every head has room for more tokens than the packet brings, and the
+    // packet goes after rows it already holds. Files read directly (zstd, uncompressed, chunks
+    // of both shapes) and through HDF5 (gzip, big-endian: a hyperslab per layer), quantised
+    // (dequantised, then copied), each against read().
+    const std::filesystem::path good = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache" / "good";
+    for (const char* name :
+         {"0002_f32_zstd.kvc", "0003_bf16.kvc", "0004_f16.kvc", "0007_gzip_big_endian_earliest.kvc",
+          "0010_many_packets.kvc", "0013_quantized.kvc", "0017_chunks_1mib.kvc",
+          "0018_chunks_1mib_uncompressed.kvc"}) {
+        CAPTURE(name);
+        const kv::CacheReader reader(good / name);
+        const kv::CacheModelInfo& m = reader.model();
+        const std::size_t row = static_cast<std::size_t>(m.head_dim) * cache_dtype_size(m.dtype);
+        for (const kv::PacketInfo& info : reader.packets()) {
+            CAPTURE(info.id);
+            const kv::Packet whole = reader.read(info.id);
+            const auto tokens = static_cast<std::size_t>(info.stored_length);
+            const std::size_t before = 5, room = tokens + 7;  // rows held, rows per head
+            const auto layers = static_cast<std::size_t>(m.num_layers);
+            const auto heads = static_cast<std::size_t>(m.num_kv_heads);
+            std::vector<std::byte> keys(layers * heads * room * row, std::byte{0xab});
+            std::vector<std::byte> values = keys;
+            kv::PlaneTargets key_planes, value_planes;
+            key_planes.head_stride = value_planes.head_stride = room * row;
+            for (std::size_t layer = 0; layer < layers; ++layer) {
+                key_planes.layers.push_back(keys.data() + (layer * heads * room + before) * row);
+                value_planes.layers.push_back(values.data() +
+                                              (layer * heads * room + before) * row);
+            }
+            const kv::Packet rest = reader.read_into(info.id, key_planes, value_planes);
+            CHECK(rest.keys.empty());
+            CHECK(rest.positions == whole.positions);
+            CHECK(rest.token_ids == whole.token_ids);
+            std::size_t misplaced = 0;
+            for (std::size_t plane = 0; plane < layers * heads; ++plane)
+                for (std::size_t r = 0; r < room; ++r)
+                    for (std::size_t b = 0; b < row; ++b) {
+                        const std::size_t at = (plane * room + r) * row + b;
+                        const bool inside = r >= before && r < before + tokens;
+                        const std::size_t from = (plane * tokens + r - before) * row + b;
+                        if (keys[at] != (inside ? whole.keys[from] : std::byte{0xab}) ||
+                            values[at] != (inside ? whole.values[from] : std::byte{0xab}))
+                            ++misplaced;
+                    }
+            CHECK(misplaced == 0);
+        }
     }
 }
 

@@ -348,3 +348,66 @@ TEST_CASE("a long packet goes to disk in pieces, realigned, as append_packet put
         CHECK(torch::equal(disk.values(layer), memory.values(layer)));
     }
 }
+
+TEST_CASE("packets read straight into a cache's rows hold what append_packet puts there",
+          "[packets]") {
+    // Several packets one after another, into a cache that already holds a token and must
+    // grow for them: the rows, positions and logical length are append_packet's, bit for bit,
+    // whether the keys were turned (every packet after the first) or not.
+    torch::NoGradGuard no_grad;
+    test::TempDir dir;
+    for (const CacheDtype dtype : {CacheDtype::bf16, CacheDtype::f32}) {
+        CAPTURE(cache_dtype_name(dtype));
+        CacheModelInfo info = test::test_model(dtype);
+        info.rope_scaling = rope_scaling_to_json({RopeScalingType::llama3, 8.0, 1.0, 4.0, 64});
+        const RopeSettings settings = rope_settings(info);
+        const Rope rope(settings.layout, settings.inverse_frequencies);
+        const torch::ScalarType scalar =
+            dtype == CacheDtype::bf16 ? torch::kBFloat16 : torch::kFloat32;
+        torch::manual_seed(5);
+        std::vector<Packet> packets = {test::make_packet(info, "a", 300, 1),
+                                       test::make_packet(info, "b", 37, 2),
+                                       test::make_packet(info, "c", 1000, 3)};
+        for (Packet& packet : packets)  // plain numbers: make_packet's bytes are arbitrary bits
+            for (auto* tensor : {&packet.keys, &packet.values}) {
+                const torch::Tensor values =
+                    torch::randn({static_cast<int64_t>(tensor->size() / cache_dtype_size(dtype))})
+                        .to(scalar);
+                const auto* bytes = static_cast<const std::byte*>(values.data_ptr());
+                *tensor = std::vector<std::byte>(bytes, bytes + values.nbytes());
+            }
+        packets[1].logical_length = 50;  // a compressed packet keeps its gap
+        const auto path = dir.path() / (std::string(cache_dtype_name(dtype)) + ".kvc");
+        test::write_store(path, info, packets);
+        const CacheReader reader(path);
+        KvCache copied(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU, 16);
+        KvCache in_place(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU,
+                         16);
+        for (KvCache* cache : {&copied, &in_place}) {  // one token held before the packets
+            const torch::Tensor row = torch::ones({info.num_kv_heads, 1, info.head_dim}, scalar);
+            std::vector<torch::Tensor> keys(static_cast<std::size_t>(info.num_layers), row);
+            cache->append(keys, keys, torch::zeros({1}, torch::kInt64));
+        }
+        for (const PacketInfo& packet : reader.packets()) {
+            append_packet(rope, copied, reader.read(packet.id), dtype);
+            REQUIRE(can_read_into_cache(reader, packet.id, in_place));
+            const int64_t length = in_place.length();
+            const Packet read = read_packet_into_cache(reader, packet.id, in_place);
+            CHECK(in_place.length() == length);  // not part of it yet
+            CHECK(read.keys.empty());
+            append_packet_in_place(rope, in_place, read);
+        }
+        CHECK(in_place.length() == copied.length());
+        CHECK(in_place.next_position() == copied.next_position());
+        CHECK(torch::equal(in_place.positions(), copied.positions()));
+        for (int64_t layer = 0; layer < info.num_layers; ++layer) {
+            CHECK(torch::equal(in_place.keys(layer), copied.keys(layer)));
+            CHECK(torch::equal(in_place.values(layer), copied.values(layer)));
+        }
+        // A cache of another dtype converts, so it takes the copying path.
+        const KvCache other(info.num_layers, info.num_kv_heads, info.head_dim,
+                            dtype == CacheDtype::bf16 ? torch::kFloat32 : torch::kBFloat16,
+                            torch::kCPU);
+        CHECK_FALSE(can_read_into_cache(reader, "a", other));
+    }
+}

@@ -33,6 +33,18 @@ struct TensorLayout {
     std::vector<std::string> filters;
 };
 
+/// Where CacheReader::read_into puts a packet's keys (or values): the rows of plane (layer,
+/// kv-head), contiguous, from `layers[layer] + head * head_stride` bytes on. A decoder's cache
+/// whose heads hold room for more tokens than the packet has them further apart than the
+/// packet's own [L, H, T, D] layout does.
+struct PlaneTargets {
+    std::vector<std::byte*> layers;
+    std::size_t head_stride = 0;  ///< bytes
+    std::byte* plane(std::size_t layer, std::size_t head) const {
+        return layers[layer] + head * head_stride;
+    }
+};
+
 /// Reads a cache file; tensors are read only on request.
 class CacheReader {
   public:
@@ -72,6 +84,12 @@ class CacheReader {
     /// first, then copied); on an error their contents are unspecified.
     Packet read_into(const std::string& id, std::span<std::byte> keys,
                      std::span<std::byte> values) const;
+    /// read_into() whose keys and values go to the planes `keys` and `values` name (one layer
+    /// pointer per layer of the file, each head's T rows room enough: the caller's word, which
+    /// nothing here can check) rather than to contiguous tensors: straight into a decoder's
+    /// cache, beyond the rows it holds, with no copy of the packet in between.
+    Packet read_into(const std::string& id, const PlaneTargets& keys,
+                     const PlaneTargets& values) const;
     /// read() without keys and values (both left empty): positions, token ids, the index.
     Packet read_without_tensors(const std::string& id) const;
     /// read_without_tensors() whose index keeps its segments, projection and settings but
@@ -113,10 +131,9 @@ class CacheReader {
     std::pair<const PacketInfo*, std::size_t> find(const std::string& id) const;
     /// find(), throwing FormatError naming the id when there is none.
     std::pair<const PacketInfo*, std::size_t> entry(const std::string& id) const;
-    Packet read_packet(
-        const std::string& id, bool with_tensors, const PlaneReceiver* receive,
-        bool with_layouts = true,
-        const std::pair<std::span<std::byte>, std::span<std::byte>>* into = nullptr) const;
+    Packet read_packet(const std::string& id, bool with_tensors, const PlaneReceiver* receive,
+                       bool with_layouts = true,
+                       const std::pair<PlaneTargets, PlaneTargets>* into = nullptr) const;
 
     struct State;
     std::unique_ptr<State> state_;

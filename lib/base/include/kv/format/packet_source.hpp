@@ -34,6 +34,10 @@ class PacketSource {
     /// CacheReader::read does (FormatError naming the id when the store has no such packet).
     virtual SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                                  const std::string& id) = 0;
+    /// Whether it keeps the packets it reads for later: where it does not, a caller may read
+    /// a packet's keys and values straight to where they are used (CacheReader::read_into)
+    /// instead of through packet().
+    virtual bool keeps_packets() const = 0;
 };
 
 /// Opens a store every time one is asked for and reads every packet anew, keeping nothing: one
@@ -43,6 +47,7 @@ class DirectPacketSource final : public PacketSource {
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
+    bool keeps_packets() const override { return false; }
 };
 
 /// The memory a loaded packet takes: its tensors, token ids, positions, per-head positions and
@@ -59,6 +64,7 @@ class PacketCache final : public PacketSource {
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
+    bool keeps_packets() const override { return true; }
 
     struct Stats {
         int64_t stores = 0;        ///< opened

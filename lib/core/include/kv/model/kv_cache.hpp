@@ -113,6 +113,20 @@ class KvCache {
 
     void reserve(int64_t capacity);
 
+    /// Where the rows of `count` tokens after the last stored one are, in a host cache in
+    /// memory (room for them reserved first): per layer, the address of kv head 0's first such
+    /// row; heads `head_stride` bytes apart, each head's rows contiguous. For a reader that puts
+    /// a packet's keys and values straight into the cache (no copy of the packet in between);
+    /// append_written() then makes them part of it. Invalidated by anything that reserves more.
+    struct RowsAfterEnd {
+        std::vector<std::byte*> keys, values;  ///< per layer
+        std::size_t head_stride = 0;
+    };
+    RowsAfterEnd rows_after_end(int64_t count);
+    /// Makes the `positions.numel()` tokens whose rows were written through rows_after_end()
+    /// part of the cache, at `positions`.
+    void append_written(const torch::Tensor& positions);
+
     /// Moves the logical length forward (never back): a compressed packet spans more positions
     /// than it stores.
     void advance_to(int64_t next_position);
