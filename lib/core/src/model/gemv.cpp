@@ -261,25 +261,72 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Weight* weights, const 
     }
 }
 
+// accumulate_avx512 over columns [0, 16 * V) of rows `stride` apart: the outputs stay in
+// registers across the rows.
+template <typename Weight, int V>
+__attribute__((target("avx512f,avx512bw"))) void accumulate_block_avx512(const Weight* rows,
+                                                                         const float* weights,
+                                                                         float* out, int64_t count,
+                                                                         int64_t stride) {
+    __m512 acc[V];
+#pragma GCC unroll 8
+    for (int c = 0; c < V; ++c)
+        acc[c] = _mm512_loadu_ps(out + 16 * c);
+    for (int64_t n = 0; n < count; ++n) {
+        const __m512 weight = _mm512_set1_ps(weights[n]);
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c)
+            acc[c] = _mm512_fmadd_ps(load16(rows + n * stride + 16 * c), weight, acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < V; ++c)
+        _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+
+// out += sum_n weights[n] * rows[n], each output column's fmas in row order. Up to 128 columns
+// at a time are kept in registers across all the rows (the same fmas on the same operands in
+// the same order as through memory: the same bits); through memory, each row's fma waited for
+// the previous row's store to come back (one decoding step of the demo model spent a third of
+// its attention there).
 template <typename Weight>
 __attribute__((target("avx512f,avx512bw"))) void accumulate_avx512(const Weight* rows,
                                                                    const float* weights, float* out,
                                                                    int64_t count, int64_t columns) {
     const int64_t vector_columns = columns & ~int64_t{15};
-    for (int64_t n = 0; n < count; ++n) {
-        const Weight* row = rows + n * columns;
-        const __m512 weight = _mm512_set1_ps(weights[n]);
-        for (int64_t d = 0; d < vector_columns; d += 16) {
-            __m512 values;
-            if constexpr (std::is_same_v<Weight, uint16_t>)
-                values = widen_bf16x16(row + d);
-            else
-                values = _mm512_loadu_ps(row + d);
-            _mm512_storeu_ps(out + d, _mm512_fmadd_ps(values, weight, _mm512_loadu_ps(out + d)));
+    for (int64_t d = 0; d < vector_columns; d += 128) {
+        const Weight* block = rows + d;
+        switch (std::min<int64_t>(8, (vector_columns - d) / 16)) {
+            case 1:
+                accumulate_block_avx512<Weight, 1>(block, weights, out + d, count, columns);
+                break;
+            case 2:
+                accumulate_block_avx512<Weight, 2>(block, weights, out + d, count, columns);
+                break;
+            case 3:
+                accumulate_block_avx512<Weight, 3>(block, weights, out + d, count, columns);
+                break;
+            case 4:
+                accumulate_block_avx512<Weight, 4>(block, weights, out + d, count, columns);
+                break;
+            case 5:
+                accumulate_block_avx512<Weight, 5>(block, weights, out + d, count, columns);
+                break;
+            case 6:
+                accumulate_block_avx512<Weight, 6>(block, weights, out + d, count, columns);
+                break;
+            case 7:
+                accumulate_block_avx512<Weight, 7>(block, weights, out + d, count, columns);
+                break;
+            default:
+                accumulate_block_avx512<Weight, 8>(block, weights, out + d, count, columns);
         }
-        for (int64_t d = vector_columns; d < columns; ++d)
-            out[d] += weights[n] * as_float(row[d]);
     }
+    if (vector_columns < columns)
+        for (int64_t n = 0; n < count; ++n) {
+            const Weight* row = rows + n * columns;
+            for (int64_t d = vector_columns; d < columns; ++d)
+                out[d] += weights[n] * as_float(row[d]);
+        }
 }
 
 template <typename Weight>
@@ -317,10 +364,10 @@ void accumulate_portable(const Weight* rows, const float* weights, float* out, i
 // accumulate_avx512 over `16 / V` rows of weights at once (columns == 16 * V): their outputs stay
 // in registers across the value rows, each value row is widened once for all of them, and each
 // fma takes the operands accumulate_avx512's takes through memory, in the same order: its bits.
-template <typename Weight, int V>
+template <typename Weight, int V, int R>
 __attribute__((target("avx512f,avx512bw"))) void accumulate_group_avx512(
     const Weight* rows, const float* const* weights, float* const* outs, int64_t count) {
-    constexpr int R = 16 / V;
+    static_assert(R * V <= 16, "R x V accumulators, 16 registers at most");
     __m512 acc[R][V];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
@@ -346,6 +393,20 @@ __attribute__((target("avx512f,avx512bw"))) void accumulate_group_avx512(
 #pragma GCC unroll 8
         for (int c = 0; c < V; ++c)
             _mm512_storeu_ps(outs[r] + 16 * c, acc[r][c]);
+}
+
+// accumulate_group_avx512 over `take` rows, a power of two up to 16 / V.
+template <typename Weight, int V>
+void accumulate_group_of(int64_t take, const Weight* rows, const float* const* weights,
+                         float* const* outs, int64_t count) {
+    if constexpr (V == 1)
+        if (take == 16) return accumulate_group_avx512<Weight, V, 16>(rows, weights, outs, count);
+    if constexpr (V <= 2)
+        if (take == 8) return accumulate_group_avx512<Weight, V, 8>(rows, weights, outs, count);
+    if constexpr (V <= 4)
+        if (take == 4) return accumulate_group_avx512<Weight, V, 4>(rows, weights, outs, count);
+    if (take == 2) return accumulate_group_avx512<Weight, V, 2>(rows, weights, outs, count);
+    accumulate_group_avx512<Weight, V, 1>(rows, weights, outs, count);
 }
 
 template <typename Weight>
@@ -626,7 +687,9 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
         }
         softmax_rows(group_rows, counts, count, scale);
     }
-    // The weighted sums: rows in register groups where the kernel has one for this width.
+    // The weighted sums: rows in register groups where the kernel has one for this width (the
+    // group's rows, then the rest in halving groups: a decoding step's 4 query heads of a kv
+    // head of 32 columns, one at a time through memory, were a third of its attention).
     const int64_t vectors = columns / 16;
     const bool grouped = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0 &&
                          (vectors == 1 || vectors == 2 || vectors == 4 || vectors == 8);
@@ -635,30 +698,32 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
         const int64_t end = std::min(span, begin + attend_block);
         const Weight* block = values + begin * columns;
         int64_t r = 0;
-        for (; grouped && r + group <= rows; r += group) {
+        for (int64_t take = group; grouped && r < rows; r += take) {
+            while (take > rows - r)
+                take /= 2;
             // The keys every row of the group sees in this block together, then each row's rest.
             int64_t common = attend_block;
             const float* weights[16];
             float* outs[16];
-            for (int64_t g = 0; g < group; ++g) {
+            for (int64_t g = 0; g < take; ++g) {
                 common = std::min(common, in_block(r + g, begin, end));
                 weights[g] = scores + (r + g) * stride + begin;
                 outs[g] = out + (first + r + g) * columns;
             }
             if (common > 0) switch (vectors) {
                     case 1:
-                        accumulate_group_avx512<Weight, 1>(block, weights, outs, common);
+                        accumulate_group_of<Weight, 1>(take, block, weights, outs, common);
                         break;
                     case 2:
-                        accumulate_group_avx512<Weight, 2>(block, weights, outs, common);
+                        accumulate_group_of<Weight, 2>(take, block, weights, outs, common);
                         break;
                     case 4:
-                        accumulate_group_avx512<Weight, 4>(block, weights, outs, common);
+                        accumulate_group_of<Weight, 4>(take, block, weights, outs, common);
                         break;
                     default:
-                        accumulate_group_avx512<Weight, 8>(block, weights, outs, common);
+                        accumulate_group_of<Weight, 8>(take, block, weights, outs, common);
                 }
-            for (int64_t g = 0; g < group; ++g)
+            for (int64_t g = 0; g < take; ++g)
                 if (const int64_t rest = in_block(r + g, begin, end) - common; rest > 0)
                     accumulate_rows(block + common * columns, weights[g] + common, outs[g], rest,
                                     columns);
