@@ -1,5 +1,6 @@
 #include "kv/rope.hpp"
 
+#include "kv/avx512_lanes.hpp"
 #include "kv/error.hpp"
 #include "kv/float_convert.hpp"
 #include "kv/json.hpp"
@@ -114,40 +115,26 @@ namespace {
 // -Wmaybe-uninitialized then reports inside the header (a known false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-#define KV_ROPE_AVX512 __attribute__((target("avx512f,avx512bw")))
+using avx512::first_lanes;
 
-KV_ROPE_AVX512 inline __m512 load16(const std::byte* p, bool bf16, __mmask16 lanes) {
-    if (!bf16) return _mm512_maskz_loadu_ps(lanes, p);
-    const __m256i bits = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(lanes, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+// A row of float32 or bf16 (raw bytes, as rotate_keys takes them).
+KV_AVX512_BW inline __m512 load16(const std::byte* p, bool bf16, __mmask16 lanes) {
+    return bf16 ? avx512::load16(reinterpret_cast<const uint16_t*>(p), lanes)
+                : avx512::load16(reinterpret_cast<const float*>(p), lanes);
 }
-
-// float_to_bf16 on 16 lanes: round to nearest even, NaNs kept quiet.
-KV_ROPE_AVX512 inline void store16(std::byte* p, bool bf16, __m512 v, __mmask16 lanes) {
-    if (!bf16) return _mm512_mask_storeu_ps(p, lanes, v);
-    const __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    rounded =
-        _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-    _mm512_mask_storeu_epi16(p, lanes, _mm512_castsi256_si512(_mm512_cvtepi32_epi16(rounded)));
-}
-
-KV_ROPE_AVX512 inline __mmask16 first_lanes(std::size_t count) {
-    return count >= 16 ? static_cast<__mmask16>(0xFFFF)
-                       : static_cast<__mmask16>((1u << static_cast<unsigned>(count)) - 1u);
+KV_AVX512_BW inline void store16(std::byte* p, bool bf16, __m512 v, __mmask16 lanes) {
+    if (bf16)
+        avx512::store16(reinterpret_cast<uint16_t*>(p), v, lanes);
+    else
+        avx512::store16(reinterpret_cast<float*>(p), v, lanes);
 }
 
 // rotate_keys' arithmetic on 16 values at a time: each product and difference rounded to float32
 // as the scalar loop rounds it (separate multiplies and adds, no fused multiply-add), so the bits
 // are the same. Half-split rows pair value i with i + half; interleaved rows pair 2i with 2i + 1,
 // done as row * [c, c] + swapped * [-s, s] (x c + (-(y s)) is x c - y s exactly).
-KV_ROPE_AVX512 void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t rows,
-                                       std::size_t half, bool interleaved, const float* cosines,
-                                       const float* sines) {
+KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t rows, std::size_t half,
+                                     bool interleaved, const float* cosines, const float* sines) {
     const std::size_t element = bf16 ? 2 : 4, dim = 2 * half;
     if (interleaved) {
         std::vector<float> pair_cosines(dim), pair_sines(dim);

@@ -1,7 +1,8 @@
 #include "kv/model/attention_rows.hpp"
 
-#include "kv/float_convert.hpp"
 #include "isa.hpp"
+#include "kv/avx512_lanes.hpp"
+#include "kv/float_convert.hpp"
 
 #include <immintrin.h>
 #include <algorithm>
@@ -75,38 +76,15 @@ void softmax_backward_row_loop(const T* scores, const T* d_probabilities, float 
     }
 }
 
-// 16 lanes at a time, the last `rest` lanes masked.
-#define KV_AVX512 __attribute__((target("avx512f,avx512bw")))
-
-KV_AVX512 inline __m512 load16(const float* p, __mmask16 lanes) {
-    return _mm512_maskz_loadu_ps(lanes, p);
-}
-KV_AVX512 inline __m512 load16(const uint16_t* p, __mmask16 lanes) {
-    // 512-bit masked loads and stores (AVX512BW), of which the low half is used: the 256-bit
-    // ones would need AVX512VL as well.
-    const __m256i bits = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(lanes, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-KV_AVX512 inline void store16(float* p, __m512 v, __mmask16 lanes) {
-    _mm512_mask_storeu_ps(p, lanes, v);
-}
-KV_AVX512 inline void store16(uint16_t* p, __m512 v, __mmask16 lanes) {
-    __m512i bits = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm512_mask_storeu_epi16(
-        p, lanes, _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16))));
-}
-
-KV_AVX512 inline __mmask16 lanes_of(int64_t rest) {
-    return rest >= 16 ? static_cast<__mmask16>(0xFFFF)
-                      : static_cast<__mmask16>((1u << static_cast<unsigned>(rest)) - 1u);
-}
+// 16 lanes at a time, the last of a row masked.
+using avx512::first_lanes;
+using avx512::load16;
+using avx512::store16;
 
 // exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (in two parts), exp(r) by Cephes'
 // expf polynomial: within 2 ulp of expf over the range softmax uses (x <= 0 or a little above;
 // below -87.3, where expf is subnormal, the result is clamped to exp(-87.3)).
-KV_AVX512 inline __m512 exp16(__m512 x) {
+KV_AVX512_BW inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -123,13 +101,13 @@ KV_AVX512 inline __m512 exp16(__m512 x) {
 }
 
 template <typename T>
-KV_AVX512 float softmax_row_avx512(const T* scores, T* probabilities, int64_t visible,
-                                   int64_t width, float scale) {
+KV_AVX512_BW float softmax_row_avx512(const T* scores, T* probabilities, int64_t visible,
+                                      int64_t width, float scale) {
     float* row = scratch(visible + 16);
     const __m512 scale_v = _mm512_set1_ps(scale);
     __m512 best_v = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t j = 0; j < visible; j += 16) {
-        const __mmask16 lanes = lanes_of(visible - j);
+        const __mmask16 lanes = first_lanes(visible - j);
         const __m512 x = _mm512_mul_ps(load16(scores + j, lanes), scale_v);
         _mm512_storeu_ps(row + j, x);
         best_v = _mm512_mask_max_ps(best_v, lanes, best_v, x);
@@ -138,7 +116,7 @@ KV_AVX512 float softmax_row_avx512(const T* scores, T* probabilities, int64_t vi
     const __m512 best_b = _mm512_set1_ps(best);
     __m512 total_v = _mm512_setzero_ps();
     for (int64_t j = 0; j < visible; j += 16) {
-        const __mmask16 lanes = lanes_of(visible - j);
+        const __mmask16 lanes = first_lanes(visible - j);
         const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), best_b));
         _mm512_storeu_ps(row + j, e);
         total_v = _mm512_mask_add_ps(total_v, lanes, total_v, e);
@@ -147,35 +125,35 @@ KV_AVX512 float softmax_row_avx512(const T* scores, T* probabilities, int64_t vi
     const __m512 inverse = _mm512_set1_ps(1.0f / total);
     for (int64_t j = 0; j < visible; j += 16)
         store16(probabilities + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), inverse),
-                lanes_of(visible - j));
+                first_lanes(visible - j));
     for (int64_t j = visible; j < width; j += 16)
-        store16(probabilities + j, _mm512_setzero_ps(), lanes_of(width - j));
+        store16(probabilities + j, _mm512_setzero_ps(), first_lanes(width - j));
     return best + std::log(total);
 }
 
 template <typename T>
-KV_AVX512 void softmax_backward_row_avx512(const T* scores, const T* d_probabilities, float lse,
-                                           T* probabilities, T* d_scores, int64_t visible,
-                                           int64_t width, float scale) {
+KV_AVX512_BW void softmax_backward_row_avx512(const T* scores, const T* d_probabilities, float lse,
+                                              T* probabilities, T* d_scores, int64_t visible,
+                                              int64_t width, float scale) {
     float* row = scratch(visible + 16);
     const __m512 scale_v = _mm512_set1_ps(scale), lse_v = _mm512_set1_ps(lse);
     __m512 dot_v = _mm512_setzero_ps();
     for (int64_t j = 0; j < visible; j += 16) {
-        const __mmask16 lanes = lanes_of(visible - j);
+        const __mmask16 lanes = first_lanes(visible - j);
         const __m512 p = exp16(_mm512_fmsub_ps(load16(scores + j, lanes), scale_v, lse_v));
         _mm512_storeu_ps(row + j, p);
         dot_v = _mm512_mask3_fmadd_ps(p, load16(d_probabilities + j, lanes), dot_v, lanes);
     }
     const __m512 dot = _mm512_set1_ps(_mm512_reduce_add_ps(dot_v));
     for (int64_t j = 0; j < visible; j += 16) {
-        const __mmask16 lanes = lanes_of(visible - j);
+        const __mmask16 lanes = first_lanes(visible - j);
         const __m512 p = _mm512_loadu_ps(row + j);
         const __m512 d = _mm512_sub_ps(load16(d_probabilities + j, lanes), dot);
         store16(probabilities + j, p, lanes);
         store16(d_scores + j, _mm512_mul_ps(_mm512_mul_ps(p, d), scale_v), lanes);
     }
     for (int64_t j = visible; j < width; j += 16) {
-        const __mmask16 lanes = lanes_of(width - j);
+        const __mmask16 lanes = first_lanes(width - j);
         store16(probabilities + j, _mm512_setzero_ps(), lanes);
         store16(d_scores + j, _mm512_setzero_ps(), lanes);
     }
