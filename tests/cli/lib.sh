@@ -17,12 +17,16 @@ require_files() {
 # kvtools' own demo model, committed in the repository: tests that use it always run.
 demo=$KV_SOURCE_DIR/models/demo
 
+# bench/kvtasks (the task generator) with Debian's Python.
+kvtasks() {
+    /usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" "$@"
+}
+
 # The store the --requests cases serve: two NIAH questions over 3 documents of 256 tokens each
 # (data.jsonl), their documents baked with the demo model and indexed into store.kvc.
 bake_requests_store() {
-    local tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
-    $tasks niah --tokens 256 --documents 3 --count 2 --seed 4 -o data.jsonl
-    $tasks bake-input data.jsonl -o docs.jsonl
+    kvtasks niah --tokens 256 --documents 3 --count 2 --seed 4 -o data.jsonl
+    kvtasks bake-input data.jsonl -o docs.jsonl
     kvbake -m "$demo" --no-bos docs.jsonl -o store.kvc -q
     kvindex store.kvc -o store.kvc -q
 }

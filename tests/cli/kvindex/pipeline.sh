@@ -1,10 +1,9 @@
 # bake | index | pack | serve with IceCache's sparse attention in one pipe decodes as the same
 # steps through files, and the context is served by the index kvindex stored, not rebuilt.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
-$tasks niah --tokens 600 --documents 2 --count 1 --seed 3 -o task.jsonl \
+kvtasks niah --tokens 600 --documents 2 --count 1 --seed 3 -o task.jsonl \
     --tokenizer "$demo/tokenizer.json"
-$tasks bake-input task.jsonl -o docs.jsonl
+kvtasks bake-input task.jsonl -o docs.jsonl
 q=$(/usr/bin/python3 -c 'import json; print(json.load(open("task.jsonl"))["question"])')
 kvbake -m "$demo" --no-bos docs.jsonl -o - -q | kvindex - -o - -q | kvpack - -o - -q |
     kvserve-once -m "$demo" --cache - --prompt "$q" -n 8 --temp 0 --attention icecache \

@@ -2,8 +2,8 @@
 # packet, as SVG (valid XML, one panel per layer and the mean) and JSON whose shares add up to 1.
 . "$KV_CLI_LIB"
 require_h5py
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" niah --tokens 256 --count 1 --documents 3 --seed 4 -o data.jsonl
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bake-input data.jsonl -o docs.jsonl
+kvtasks niah --tokens 256 --count 1 --documents 3 --seed 4 -o data.jsonl
+kvtasks bake-input data.jsonl -o docs.jsonl
 kvbake -m "$demo" --no-bos docs.jsonl -o plain.kvc -q
 question=$(/usr/bin/python3 -c "import json; print(json.loads(open('data.jsonl').readline())['question'])")
 kvinspect plot attention -m "$demo" --cache plain.kvc:niah-256-0/0 --cache plain.kvc:niah-256-0/1 \

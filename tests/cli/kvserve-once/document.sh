@@ -3,7 +3,7 @@
 # window is indexed; the document alone, without a prompt, is continued; it can come from stdin; the two
 # ways of giving a context exclude each other; an empty document is refused.
 . "$KV_CLI_LIB"
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" passkey --tokens 1200 --count 1 --seed 5 -o task.jsonl
+kvtasks passkey --tokens 1200 --count 1 --seed 5 -o task.jsonl
 /usr/bin/python3 -c "
 import json; t = json.loads(open('task.jsonl').readline())
 open('document.txt', 'w').write(''.join(t['documents']))

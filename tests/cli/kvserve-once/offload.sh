@@ -6,10 +6,9 @@
 # arithmetic), with every method and with full attention. Standard input and a context without
 # --cache files are refused.
 . "$KV_CLI_LIB"
-tasks="/usr/bin/python3 $KV_SOURCE_DIR/bench/kvtasks"
-$tasks niah --tokens 1200 --documents 3 --count 1 --seed 4 -o task.jsonl \
+kvtasks niah --tokens 1200 --documents 3 --count 1 --seed 4 -o task.jsonl \
     --tokenizer "$demo/tokenizer.json"
-$tasks bake-input task.jsonl -o docs.jsonl
+kvtasks bake-input task.jsonl -o docs.jsonl
 q=$(/usr/bin/python3 -c 'import json; print(json.load(open("task.jsonl"))["question"])')
 kvbake -m "$demo" --no-bos docs.jsonl -o docs.kvc -q
 kvindex docs.kvc -o docs.kvc -q

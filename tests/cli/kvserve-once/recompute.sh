@@ -2,8 +2,8 @@
 # prefilled as one prompt; EPIC and CacheBlend recompute the tokens they say (--stats); packets
 # with soft tokens cannot be recomputed.
 . "$KV_CLI_LIB"
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" niah --tokens 256 --count 1 --documents 3 --seed 4 -o data.jsonl
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bake-input data.jsonl -o docs.jsonl
+kvtasks niah --tokens 256 --count 1 --documents 3 --seed 4 -o data.jsonl
+kvtasks bake-input data.jsonl -o docs.jsonl
 kvbake -m "$demo" --no-bos docs.jsonl -o plain.kvc -q --dtype f32
 /usr/bin/python3 -c "
 import json; t = json.loads(open('data.jsonl').readline())
@@ -21,7 +21,7 @@ field stats-epic.json
 serve $caches --prompt-file question.txt --recompute cacheblend --recompute-ratio 0.25 --stats stats-blend.json > /dev/null
 field stats-blend.json
 kvserve-once -m "$demo" --prompt-file question.txt --recompute all 2>&1; echo "exit $?"
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bios --tokens 256 --count 2 --seed 5 -o train.jsonl
+kvtasks bios --tokens 256 --count 2 --seed 5 -o train.jsonl
 kvtrain -m "$demo" --data train.jsonl --epochs 1 --batch 2 --answer-stop newline --answer-tokens 4 -o adapter.kvc -q
 kvbake -m "$demo" --adapter adapter.kvc docs.jsonl -o packets.kvc -q
 kvserve-once -m "$demo" --cache packets.kvc:niah-256-0/0 --prompt-file question.txt --recompute epic 2>&1; echo "exit $?"

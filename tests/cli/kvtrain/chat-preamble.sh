@@ -4,7 +4,7 @@
 # message; a model without a template, and --system alone, are refused.
 . "$KV_CLI_LIB"
 require_h5py
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bios --tokens 256 --count 2 --seed 5 -o data.jsonl
+kvtasks bios --tokens 256 --count 2 --seed 5 -o data.jsonl
 # The demo model with a chat template in its tokenizer_config.json (Zephyr's layout).
 mkdir chat && for f in config.json model.safetensors tokenizer.json; do ln -s "$demo/$f" chat/$f; done
 /usr/bin/python3 -c "

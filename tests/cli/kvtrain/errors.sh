@@ -3,9 +3,9 @@
 # one-line error, exit 1 (2 for usage).
 . "$KV_CLI_LIB"
 require_h5py
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bios --tokens 256 --count 2 --seed 5 -o data.jsonl
+kvtasks bios --tokens 256 --count 2 --seed 5 -o data.jsonl
 kvtrain -m "$demo" --data data.jsonl --epochs 1 --batch 2 --answer-stop newline --answer-tokens 4 -o adapter.kvc -q
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bake-input data.jsonl -o docs.jsonl
+kvtasks bake-input data.jsonl -o docs.jsonl
 run() { "$@" 2>&1 | sed -e 's/[0-9a-f]\{12,\}/FP/g' -e "s|$demo|DEMO|g"; echo "exit ${PIPESTATUS[0]}"; }
 
 # Another model: the demo model with another norm epsilon has another fingerprint.

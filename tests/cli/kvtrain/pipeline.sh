@@ -5,10 +5,10 @@ require_h5py
 # The adapter's fingerprint below is that of AVX512-BF16 arithmetic: oneDNN's AMX kernels round
 # bf16 products differently, so on a CPU with AMX tiles the trained adapter (and its hash) differs.
 export DNNL_MAX_CPU_ISA=AVX512_CORE_BF16
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" niah --tokens 256 --count 2 --documents 3 --seed 5 -o data.jsonl
+kvtasks niah --tokens 256 --count 2 --documents 3 --seed 5 -o data.jsonl
 kvtrain -m "$demo" --data data.jsonl --epochs 1 --batch 2 --header 4 --trailer 2 \
     --answer-stop newline --answer-tokens 8 -o adapter.kvc -q
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bake-input data.jsonl -o docs.jsonl
+kvtasks bake-input data.jsonl -o docs.jsonl
 kvbake -m "$demo" --adapter adapter.kvc docs.jsonl -o packets.kvc -q
 kvinspect show packets.kvc | awk 'NR > 13 && NF { print $1, $4 }' | head -3
 /usr/bin/python3 - <<'PY'

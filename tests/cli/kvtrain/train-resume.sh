@@ -2,7 +2,7 @@
 # the same adapter as one uninterrupted run; the teacher's answers are reused, and a torn record
 # at the end of the teacher file (an interrupted run) is cut off and answered again.
 . "$KV_CLI_LIB"
-/usr/bin/python3 "$KV_SOURCE_DIR/bench/kvtasks" bios --tokens 256 --count 4 --seed 5 -o data.jsonl
+kvtasks bios --tokens 256 --count 4 --seed 5 -o data.jsonl
 train() { kvtrain -m "$demo" --data data.jsonl --epochs 2 --batch 2 --answer-stop newline \
     --answer-tokens 8 --teacher-file teacher.bin -t 2 --json "$@"; }
 field() { /usr/bin/python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
