@@ -882,6 +882,22 @@ herr_t guarded_vlen_conversion(hid_t source_type, hid_t target_type, H5T_cdata_t
                                size_t count, size_t stride, size_t background_stride, void* buffer,
                                void* background, hid_t transfer) {
     const RawSource* source = guarded_source();
+    if (data->command == H5T_CONV_CONV && source) {
+        // The elements' size, as the datatype_problem check of a header has it: that check
+        // sees only the headers it can parse whole, and HDF5 allocates sequence length x
+        // element size per value (found by fuzzing: an attribute string of 4-gigabyte
+        // characters in a header whose other messages did not parse, a 12.8 GB allocation).
+        const hid_t base = H5Tget_super(source_type);
+        const std::size_t element = base >= 0 ? H5Tget_size(base) : 0;
+        if (base >= 0) H5Tclose(base);
+        H5Eclear2(H5E_DEFAULT);
+        const bool string = H5Tis_variable_str(source_type) > 0;
+        if (base >= 0 && (string ? element != 1 : element == 0 || element > 1024)) {
+            last_problem() =
+                "a variable-length type of " + std::to_string(element) + "-byte elements";
+            return -1;
+        }
+    }
     if (data->command == H5T_CONV_CONV && source && buffer && count > 0 &&
         H5Tis_variable_str(source_type) > 0 && H5Tget_size(source_type) == 16) {
         const std::string problem = check_heap_id_bytes(

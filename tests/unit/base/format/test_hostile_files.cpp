@@ -68,6 +68,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-packet-attribute-heap-index", "a string points to a missing or wrong global heap"},
         {"hdf5-chunk-element-size", "element size differs from its datatype's"},
         {"hdf5-vlen-string-huge-characters", "a variable-length type of 4278190081-byte elements"},
+        {"hdf5-attribute-vlen-huge-characters",
+         "attribute 'format_version' of '/': a variable-length type of 4278190081-byte elements"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
