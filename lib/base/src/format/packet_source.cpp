@@ -5,7 +5,9 @@
 namespace kv {
 
 std::shared_ptr<const CacheReader> DirectPacketSource::store(const std::filesystem::path& file) {
-    return std::make_shared<const CacheReader>(file);
+    std::shared_ptr<const CacheReader>& reader = opened_[file];
+    if (!reader) reader = std::make_shared<const CacheReader>(file);
+    return reader;
 }
 
 SourcedPacket DirectPacketSource::packet(const std::shared_ptr<const CacheReader>& store,
@@ -18,12 +20,11 @@ SourcedPacket DirectPacketSource::packet(const std::shared_ptr<const CacheReader
 }
 
 int64_t packet_memory(const Packet& packet) {
-    std::size_t bytes = sizeof(Packet) + packet.id.size() + packet.text_sha256.size() +
-                        packet.adapter_fingerprint.size() + packet.keys.size() +
-                        packet.values.size() + packet.token_ids.size() * sizeof(int32_t) +
-                        packet.positions.size() * sizeof(int64_t) +
-                        (packet.head_lengths.size() + packet.head_positions.size()) *
-                            sizeof(int64_t);
+    std::size_t bytes =
+        sizeof(Packet) + packet.id.size() + packet.text_sha256.size() +
+        packet.adapter_fingerprint.size() + packet.keys.size() + packet.values.size() +
+        packet.token_ids.size() * sizeof(int32_t) + packet.positions.size() * sizeof(int64_t) +
+        (packet.head_lengths.size() + packet.head_positions.size()) * sizeof(int64_t);
     const PacketIndex& index = packet.index;
     bytes += index.projection.size() * sizeof(float) +
              index.segments.size() * sizeof(IndexSegment) + index.layers.size() * sizeof(int64_t);

@@ -76,7 +76,9 @@ TEST_CASE("a packet cache of no memory keeps nothing, nor does a direct source",
 
     kv::DirectPacketSource direct;
     const auto opened = direct.store(dir / "a.kvc");
-    CHECK(direct.store(dir / "a.kvc") != opened);  // every time anew
+    CHECK(direct.store(dir / "a.kvc") == opened);  // once while it lives (one question)
+    CHECK_FALSE(direct.keeps_packets());
+    CHECK(none.keeps_packets());
     const kv::SourcedPacket sourced = direct.packet(opened, "x");
     CHECK_FALSE(sourced.kept);
     CHECK(sourced.packet->stored_length() == 5);

@@ -40,14 +40,17 @@ class PacketSource {
     virtual bool keeps_packets() const = 0;
 };
 
-/// Opens a store every time one is asked for and reads every packet anew, keeping nothing: one
-/// question.
+/// Opens each store once (kept open while the source lives: one question, which may ask for a
+/// store twice, "-" among them) and reads every packet anew, keeping none.
 class DirectPacketSource final : public PacketSource {
   public:
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
     bool keeps_packets() const override { return false; }
+
+  private:
+    std::map<std::filesystem::path, std::shared_ptr<const CacheReader>> opened_;
 };
 
 /// The memory a loaded packet takes: its tensors, token ids, positions, per-head positions and
