@@ -194,13 +194,17 @@ void Session::assemble_packets() {
         }
         return tokens;
     };
+    // The time to the first token starts here: opening the stores and finding the packets to
+    // size the cache are part of it (as the open, and of the cache's load).
+    prefill_start_ = Clock::now();
+    const int64_t planned = planned_tokens();
+    const double planning_seconds = seconds_since(prefill_start_);
     cache_.emplace(offload_to_disk_
                        ? KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
-                                          model_.dtype(), planned_tokens(), options_.offload_dir)
-                       : model_.new_cache(planned_tokens()));
+                                          model_.dtype(), planned, options_.offload_dir)
+                       : model_.new_cache(planned));
     KvCache& cache = *cache_;
     stats_.offloaded_bytes = cache.offloaded_bytes();
-    prefill_start_ = Clock::now();
 
     // KV Packet's preamble (the chat template's start) in place of BOS, then the baked packets,
     // in order, each realigned to follow the previous one.
@@ -228,8 +232,8 @@ void Session::assemble_packets() {
         },
         &packets_);
     if (packets_read_ > 0) report({"packets", packets_read_, packets_read_});
-    stats_.cache_load_seconds = assembled_.read_seconds;
-    stats_.cache_open_seconds = assembled_.open_seconds;
+    stats_.cache_load_seconds = assembled_.read_seconds + planning_seconds;
+    stats_.cache_open_seconds = assembled_.open_seconds + planning_seconds;
     stats_.realign_seconds = assembled_.append_seconds;
     stats_.cache_bytes_read = assembled_.bytes_read;
     stats_.packets_read = assembled_.packets_read;
