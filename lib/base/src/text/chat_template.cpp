@@ -1242,8 +1242,20 @@ struct Scope {
 // reference to each and, when it ends, returned or thrown, empties them all: every cycle is
 // broken and everything the render made is freed. Nothing made by a render outlives it (it
 // returns a string), and nothing is emptied before, so templates render as before.
+// Loop iterations and macro calls one render may take: a real chat template takes one per
+// message, tool or content part, while a hostile one nests loops or doubles its recursion
+// (jinja2 renders on for as long as it takes: 5.6 s for two loops of 1,050, found by fuzzing;
+// three such loops would take hours).
+constexpr int64_t max_render_steps = 250000;
+
 class RenderArena {
   public:
+    /// Counts one step of the render (a loop iteration, a macro call), failing past the budget.
+    void step(const Pos& pos) {
+        if (++steps_ > max_render_steps)
+            render_error(pos, "the template takes more than " + std::to_string(max_render_steps) +
+                                  " loop iterations and macro calls");
+    }
     RenderArena() = default;
     RenderArena(const RenderArena&) = delete;
     RenderArena& operator=(const RenderArena&) = delete;
@@ -1283,6 +1295,7 @@ class RenderArena {
     }
     std::vector<std::weak_ptr<Scope>> scopes_;
     std::vector<std::weak_ptr<Object>> objects_;
+    int64_t steps_ = 0;
 };
 
 enum class Flow { normal, break_loop, continue_loop };
@@ -1315,6 +1328,7 @@ Value make_macro(const MacroStmt* macro, const std::vector<std::string>& params,
         [&params, &defaults, &body, defined_in, caller, name, uses_varargs, uses_kwargs](
             Context& ctx, Args& args) -> Value {
             Pos call_pos = ctx.pos;
+            ctx.arena->step(call_pos);
             if (++ctx.call_depth > max_call_depth) {
                 --ctx.call_depth;
                 render_error(call_pos,
@@ -3094,6 +3108,7 @@ Flow render_for(const ForStmt& s, Context& ctx, std::string& out) {
     if (s.condition) {
         // the filter sees each item in a scope of its own, before the loop variable exists
         for (auto& item : all) {
+            ctx.arena->step(s.pos);
             Context inner = ctx;
             inner.scope = ctx.arena->scope(ctx.scope);
             assign(inner, s.target, item, s.pos);
@@ -3110,6 +3125,7 @@ Flow render_for(const ForStmt& s, Context& ctx, std::string& out) {
     loop->items = items;
     Value loop_value(std::static_pointer_cast<Object>(loop));
     for (size_t i = 0; i < items.size(); ++i) {
+        ctx.arena->step(s.pos);
         loop->index = i;
         // each iteration starts from the enclosing scope: what the body sets does not survive it
         Context inner = ctx;

@@ -282,6 +282,21 @@ TEST_CASE("chat templates: hostile templates are refused, never overflow the sta
     CHECK(error_of<kv::UnsupportedError>("{{ ([1] * 1000000000000) | length }}")
               .find("a list repeated into more than") != std::string::npos);
     CHECK(render("{{ ([] * 1000000000000000) | length }}") == "0");
+    // Nested loops and doubling recursion stop at the render's budget of loop iterations and
+    // macro calls (fuzzing: two loops of 1,050 outlived the fuzzer's patience under ASan); a
+    // loop just within it renders.
+    const std::string loops =
+        "{% set ns = namespace(x=0) %}{% for i in range(1050) %}"
+        "{% for j in range(1050) %}{% set ns.x = ns.x + 1 %}{% endfor %}"
+        "{% endfor %}{{ ns.x }}";
+    CHECK(error_of<ChatTemplateError>(loops).find(
+              "the template takes more than 250000 loop iterations and macro calls") !=
+          std::string::npos);
+    CHECK(error_of<ChatTemplateError>("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}"
+                                      "{% endif %}{% endmacro %}{{ f(40) }}")
+              .find("loop iterations and macro calls") != std::string::npos);
+    CHECK(render("{% set ns = namespace(x=0) %}{% for i in range(500) %}{% for j in range(499) %}"
+                 "{% set ns.x = ns.x + 1 %}{% endfor %}{% endfor %}{{ ns.x }}") == "249500");
 }
 
 TEST_CASE("chat templates: values that hold themselves render as jinja2's and are freed",
