@@ -292,34 +292,17 @@ template <typename Weight>
 __attribute__((target("avx512f,avx512bw"))) void accumulate_avx512(const Weight* rows,
                                                                    const float* weights, float* out,
                                                                    int64_t count, int64_t columns) {
+    using Kernel = void (*)(const Weight*, const float*, float*, int64_t, int64_t);
+    static constexpr Kernel kernels[8] = {
+        accumulate_block_avx512<Weight, 1>, accumulate_block_avx512<Weight, 2>,
+        accumulate_block_avx512<Weight, 3>, accumulate_block_avx512<Weight, 4>,
+        accumulate_block_avx512<Weight, 5>, accumulate_block_avx512<Weight, 6>,
+        accumulate_block_avx512<Weight, 7>, accumulate_block_avx512<Weight, 8>};
     const int64_t vector_columns = columns & ~int64_t{15};
     for (int64_t d = 0; d < vector_columns; d += 128) {
         const Weight* block = rows + d;
-        switch (std::min<int64_t>(8, (vector_columns - d) / 16)) {
-            case 1:
-                accumulate_block_avx512<Weight, 1>(block, weights, out + d, count, columns);
-                break;
-            case 2:
-                accumulate_block_avx512<Weight, 2>(block, weights, out + d, count, columns);
-                break;
-            case 3:
-                accumulate_block_avx512<Weight, 3>(block, weights, out + d, count, columns);
-                break;
-            case 4:
-                accumulate_block_avx512<Weight, 4>(block, weights, out + d, count, columns);
-                break;
-            case 5:
-                accumulate_block_avx512<Weight, 5>(block, weights, out + d, count, columns);
-                break;
-            case 6:
-                accumulate_block_avx512<Weight, 6>(block, weights, out + d, count, columns);
-                break;
-            case 7:
-                accumulate_block_avx512<Weight, 7>(block, weights, out + d, count, columns);
-                break;
-            default:
-                accumulate_block_avx512<Weight, 8>(block, weights, out + d, count, columns);
-        }
+        kernels[std::min<int64_t>(8, (vector_columns - d) / 16) - 1](block, weights, out + d, count,
+                                                                     columns);
     }
     if (vector_columns < columns)
         for (int64_t n = 0; n < count; ++n) {

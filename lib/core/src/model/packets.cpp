@@ -57,12 +57,31 @@ torch::Tensor packet_tensor(const Packet& packet, bool keys, int64_t num_layers,
                             torch::TensorOptions().dtype(torch_dtype(dtype)));
 }
 
-void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, CacheDtype dtype) {
-    const int64_t tokens = packet.stored_length();
-    if (static_cast<int64_t>(packet.positions.size()) != tokens)
+namespace {
+
+void check_positions_count(const Packet& packet) {
+    if (static_cast<int64_t>(packet.positions.size()) != packet.stored_length())
         throw FormatError("packet " + kv::quoted(packet.id) + " has " +
                           std::to_string(packet.positions.size()) + " positions for " +
-                          std::to_string(tokens) + " tokens");
+                          std::to_string(packet.stored_length()) + " tokens");
+}
+
+// Rotates the keys of rows [first_row, first_row + tokens) of every layer by `delta` positions
+// where they lie in the cache.
+void turn_landed_keys(const Rope& rope, KvCache& cache, int64_t first_row, int64_t tokens,
+                      int64_t delta) {
+    for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+        const torch::Tensor landed = cache.keys(layer).narrow(1, first_row, tokens);
+        if (!rope.shift_in_place(landed, delta))
+            landed.copy_(rope.shift(landed, delta));  // not expected: a layout it can't turn
+    }
+}
+
+}  // namespace
+
+void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, CacheDtype dtype) {
+    const int64_t tokens = packet.stored_length();
+    check_positions_count(packet);
     const int64_t delta = cache.next_position();
     const int64_t layers = cache.num_layers(), kv_heads = cache.kv_heads(),
                   head_dim = cache.head_dim();
@@ -106,12 +125,7 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
     }
     const int64_t first_row = cache.length();
     cache.append(keys_per_layer, values_per_layer, positions, used_per_layer);
-    if (rotate_in_cache)
-        for (int64_t layer = 0; layer < layers; ++layer) {
-            const torch::Tensor landed = cache.keys(layer).narrow(1, first_row, tokens);
-            if (!rope.shift_in_place(landed, delta))
-                landed.copy_(rope.shift(landed, delta));  // not expected: a layout it can't turn
-        }
+    if (rotate_in_cache) turn_landed_keys(rope, cache, first_row, tokens, delta);
     cache.advance_to(delta + packet.logical_length);
 }
 
@@ -128,22 +142,14 @@ Packet read_packet_into_cache(const CacheReader& reader, const std::string& id, 
 
 void append_packet_in_place(const Rope& rope, KvCache& cache, const Packet& packet) {
     const int64_t tokens = packet.stored_length();
-    if (static_cast<int64_t>(packet.positions.size()) != tokens)
-        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
-                          std::to_string(packet.positions.size()) + " positions for " +
-                          std::to_string(tokens) + " tokens");
+    check_positions_count(packet);
     const int64_t delta = cache.next_position();
     const int64_t first_row = cache.length();
     cache.append_written(
         torch::from_blob(const_cast<int64_t*>(packet.positions.data()), {tokens}, torch::kInt64) +
         delta);
     // Turned where they landed, as append_packet turns a host cache's keys of the stored dtype.
-    if (delta != 0)
-        for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
-            const torch::Tensor landed = cache.keys(layer).narrow(1, first_row, tokens);
-            if (!rope.shift_in_place(landed, delta))
-                landed.copy_(rope.shift(landed, delta));  // not expected: a layout it can't turn
-        }
+    if (delta != 0) turn_landed_keys(rope, cache, first_row, tokens, delta);
     cache.advance_to(delta + packet.logical_length);
 }
 
@@ -154,10 +160,7 @@ void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet
         throw UnsupportedError("packet " + kv::quoted(packet.id) +
                                " keeps different tokens per head, which an offloaded cache does "
                                "not hold yet");
-    if (static_cast<int64_t>(packet.positions.size()) != tokens)
-        throw FormatError("packet " + kv::quoted(packet.id) + " has " +
-                          std::to_string(packet.positions.size()) + " positions for " +
-                          std::to_string(tokens) + " tokens");
+    check_positions_count(packet);
     const int64_t delta = cache.next_position();
     const int64_t head_dim = cache.head_dim();
     const torch::Tensor positions =
