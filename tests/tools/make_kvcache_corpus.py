@@ -14,6 +14,7 @@ kvtools' libkvh5zstd.so (Debian's python3-hdf5plugin ships none) through HDF5_PL
 import hashlib
 import os
 import sys
+import zlib
 
 import h5py
 import numpy as np
@@ -306,6 +307,44 @@ def flip_byte_in_chunk(path, dataset_path, at=None):
         byte = stream.read(1)[0]
         stream.seek(offset)
         stream.write(bytes([byte ^ 0xFF]))
+
+
+def hdf5_fletcher32(data):
+    """HDF5's Fletcher32 (H5_checksum_fletcher32): big-endian 16-bit words, sums folded every
+    360 words and once more at the end."""
+    def fold(value):
+        return (value & 0xFFFF) + (value >> 16)
+    sum1 = sum2 = 0
+    words = [(data[i] << 8) | data[i + 1] for i in range(0, len(data) - 1, 2)]
+    if len(data) % 2:
+        words.append(data[-1] << 8)
+    for start in range(0, len(words), 360):
+        for word in words[start:start + 360]:
+            sum1 += word
+            sum2 += sum1
+        sum1, sum2 = fold(sum1), fold(sum2)
+    return (fold(sum2) << 16) | fold(sum1)
+
+
+def replace_positions(path, ordinal, stored_chunk=None, **filters):
+    """Rewrites packet `ordinal`'s positions as one chunk with `filters` (h5py's keywords)
+    whose stored bytes are `stored_chunk(shuffled positions)`, written as given; without
+    `stored_chunk`, the filters write it."""
+    with h5py.File(path, "r+") as f:
+        group = f["packets/%08d" % ordinal]
+        positions = group["positions"][...].astype("<i8")
+        del group["positions"]
+        dataset = group.create_dataset("positions", shape=positions.shape, dtype="<i8",
+                                       chunks=positions.shape, **filters)
+        if stored_chunk is None:
+            dataset[...] = positions
+            return
+        shuffled = positions.view(np.uint8).reshape(-1, 8).T.tobytes()
+        dataset.id.write_direct_chunk((0,), stored_chunk(shuffled))
+
+
+def with_fletcher32(data):
+    return data + hdf5_fletcher32(data).to_bytes(4, "little")
 
 
 def two_packets(**kwargs):
@@ -631,6 +670,31 @@ def main():
            packets=one_mib, root={"format_version": "1.7", "tensor_layout": "chunks-1mib"},
            chunk_tokens=1 << 16, filters="fletcher32",
            after=lambda path: flip_byte_in_chunk(path, "packets/00000000/values"))
+
+    # Chunks whose stored bytes do not decode to the chunk (HDF5 1.10.8 copies a whole chunk out
+    # of whatever its filters returned: a short one was read past, found by fuzzing).
+    broken("0037_chunk_decodes_short",
+           "doc-2's positions are one shuffle + Fletcher32 chunk of 24 bytes whose stored bytes "
+           "(checksum valid) hold 23",
+           "*: packet 'doc-2': cannot read 'positions': a chunk that decodes to 23 bytes where "
+           "the dataset's chunks hold 24",
+           after=lambda path: replace_positions(
+               path, 1, lambda shuffled: with_fletcher32(shuffled[:-1]), shuffle=True,
+               fletcher32=True))
+    broken("0038_deflate_decodes_long",
+           "doc-2's positions are one deflate chunk of 24 bytes that inflates to 32",
+           "*: packet 'doc-2': cannot read 'positions': a deflate chunk that decodes to more "
+           "than its dataset's chunks",
+           after=lambda path: replace_positions(
+               path, 1, lambda shuffled: zlib.compress(shuffled + bytes(8)),
+               compression="gzip"))
+    broken("0039_filter_not_in_format",
+           "doc-2's positions are compressed with LZF (h5py's filter 32000), which the format "
+           "does not list",
+           "*: packet 'doc-2': cannot read 'positions': a dataset compressed with HDF5 filter "
+           "32000, which kvtools does not read (it reads shuffle, deflate, zstd and Fletcher32)",
+           after=lambda path: replace_positions(
+               path, 1, None, compression="lzf"))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

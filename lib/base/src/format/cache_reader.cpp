@@ -324,8 +324,8 @@ void CacheReader::read_directory() const {
     };
     auto integers = [&](const Handle& dataset, const char* name) {
         std::vector<int64_t> values(s.count);
-        if (!values.empty() && H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
-                                       H5P_DEFAULT, values.data()) < 0)
+        if (!values.empty() && read_dataset(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                            H5P_DEFAULT, values.data()) < 0)
             in.fail_hdf5("cannot read " + kv::quoted("/packet_index/" + std::string(name)));
         return values;
     };
@@ -723,8 +723,8 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
         for (std::size_t layer = 1; contiguous && layer < target.layers.size(); ++layer)
             contiguous = target.layers[layer] == target.layers[0] + layer * dims[1] * plane_bytes;
         if (contiguous) {
-            if (H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                        target.layers[0]) < 0)
+            if (read_dataset(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                             target.layers[0]) < 0)
                 in.fail_hdf5("cannot read " + kv::quoted(name));
             return;
         }
@@ -745,8 +745,8 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
             const hsize_t start[4] = {layer, 0, 0, 0}, count[4] = {1, dims[1], tokens, dims[3]};
             if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, count,
                                     nullptr) < 0 ||
-                H5Dread(dataset.get(), memory_type, memory_space.get(), file_space.get(),
-                        H5P_DEFAULT, target.layers[layer]) < 0)
+                read_dataset(dataset.get(), memory_type, memory_space.get(), file_space.get(),
+                             H5P_DEFAULT, target.layers[layer]) < 0)
                 in.fail_hdf5("cannot read " + kv::quoted(name));
         }
     };
@@ -779,8 +779,8 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                         Handle memory_space(H5Screate_simple(4, count, nullptr), H5Sclose);
                         if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr,
                                                 count, nullptr) < 0 ||
-                            H5Dread(dataset.get(), memory_type, memory_space.get(),
-                                    file_space.get(), H5P_DEFAULT, piece.data()) < 0)
+                            read_dataset(dataset.get(), memory_type, memory_space.get(),
+                                         file_space.get(), H5P_DEFAULT, piece.data()) < 0)
                             in.fail_hdf5("cannot read " + kv::quoted(name));
                         (*receive)(layer, head, keys, static_cast<int64_t>(first),
                                    std::span<const std::byte>(piece).first(

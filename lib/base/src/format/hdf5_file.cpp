@@ -21,7 +21,8 @@ std::recursive_mutex& hdf5_mutex() {
 }
 
 // Once per process: silence HDF5's error printing (the library never prints; errors become
-// exceptions) and register the zstd filter, so that no plugin path is needed. HDF5's own
+// exceptions) and register the filters kvtools reads (zstd among them, so that no plugin path is
+// needed; hdf5_filters.hpp says why HDF5's own are replaced). HDF5's own
 // clean-up at exit is turned off: after a write failed (a full disk) it closes the broken file
 // again and crashes (HDF5 1.10.8); every file is closed by its owner before that anyway.
 void init_hdf5() {
@@ -29,7 +30,7 @@ void init_hdf5() {
         H5dont_atexit();
         H5open();
         H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-        H5Zregister(&zstd_filter_class);
+        register_checked_filters();
         install_vlen_guard();
         return true;
     }();
@@ -57,6 +58,7 @@ std::string hdf5_error_detail() {
     H5Eclear2(H5E_DEFAULT);
     // The checking read driver knows better than HDF5's "read failed".
     std::string detail = take_read_driver_problem();
+    if (detail.empty()) detail = take_filter_problem();
     if (detail.empty()) detail = messages.empty() ? "HDF5 error" : messages.back();
     // A failed system call reads "file write failed: time = ..., filename = ..., errno = 28,
     // error message = 'No space left on device', buf = ...": the system's reason is what counts.

@@ -3,6 +3,7 @@
 // datasets whose errors name the file and the object. Private to lib/base/src/format.
 #pragma once
 
+#include "hdf5_filters.hpp"
 #include "hdf5_read_driver.hpp"
 #include "hdf5_zstd.hpp"
 #include "kv/error.hpp"
@@ -216,8 +217,9 @@ class FileReader {
         auto read = [&](hid_t memory_type, void* buffer) {
             // Heap ids of variable-length strings are checked before HDF5 follows them.
             const VlenGuard guard(raw_);
-            return is_dataset ? H5Dread(object, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer)
-                              : H5Aread(object, memory_type, buffer);
+            return is_dataset
+                       ? read_dataset(object, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer)
+                       : H5Aread(object, memory_type, buffer);
         };
         if (H5Tis_variable_str(type.get()) > 0) {
             if (is_dataset && raw_) check_heap_ids_of(object, values.size(), what);
@@ -258,13 +260,13 @@ class FileReader {
         const hsize_t one = 1;
         Handle file_space(H5Dget_space(dataset), H5Sclose);
         Handle memory_space(H5Screate_simple(1, &one, nullptr), H5Sclose);
-        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &index, nullptr, &one,
-                                nullptr) < 0)
+        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &index, nullptr, &one, nullptr) <
+            0)
             fail_hdf5("cannot read " + what);
         auto read = [&](hid_t memory_type, void* buffer) {
             const VlenGuard guard(raw_);
-            return H5Dread(dataset, memory_type, memory_space.get(), file_space.get(),
-                           element_transfer(), buffer);
+            return read_dataset(dataset, memory_type, memory_space.get(), file_space.get(),
+                                element_transfer(), buffer);
         };
         if (H5Tis_variable_str(type.get()) > 0) {
             if (raw_) check_heap_ids_of(dataset, 1, what, index);
@@ -295,10 +297,10 @@ class FileReader {
         Handle file_space(H5Dget_space(dataset), H5Sclose);
         Handle memory_space(H5Screate_simple(1, &one, nullptr), H5Sclose);
         int64_t value = 0;
-        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &index, nullptr, &one,
-                                nullptr) < 0 ||
-            H5Dread(dataset, H5T_NATIVE_INT64, memory_space.get(), file_space.get(),
-                    element_transfer(), &value) < 0)
+        if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &index, nullptr, &one, nullptr) <
+                0 ||
+            read_dataset(dataset, H5T_NATIVE_INT64, memory_space.get(), file_space.get(),
+                         element_transfer(), &value) < 0)
             fail_hdf5("cannot read " + kv::quoted(what));
         return value;
     }
@@ -326,8 +328,8 @@ class FileReader {
         Handle type(H5Dget_type(dataset.get()), H5Tclose);
         if (H5Tget_class(type.get()) != H5T_INTEGER) fail(kv::quoted(what) + " is not integer");
         std::vector<int64_t> values(dims[0]);
-        if (!values.empty() && H5Dread(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
-                                       H5P_DEFAULT, values.data()) < 0)
+        if (!values.empty() && read_dataset(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
+                                            H5P_DEFAULT, values.data()) < 0)
             fail_hdf5("cannot read " + kv::quoted(what));
         return values;
     }
@@ -363,8 +365,8 @@ class FileReader {
         Handle memory_space(H5Screate_simple(3, extent, nullptr), H5Sclose);
         if (H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start, nullptr, extent, nullptr) <
                 0 ||
-            H5Dread(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT,
-                    out.data()) < 0)
+            read_dataset(dataset, memory_type, memory_space.get(), file_space.get(), H5P_DEFAULT,
+                         out.data()) < 0)
             fail_hdf5("cannot read " + kv::quoted(what));
     }
 
@@ -380,8 +382,8 @@ class FileReader {
             count *= static_cast<std::size_t>(dim);
         if (count > memory_bytes() / (4 * sizeof(T))) fail(kv::quoted(what) + " is too large");
         std::vector<T> values(count);
-        if (count > 0 &&
-            H5Dread(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0)
+        if (count > 0 && read_dataset(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                      values.data()) < 0)
             fail_hdf5("cannot read " + kv::quoted(what));
         if (dims_out) *dims_out = dims;
         return values;

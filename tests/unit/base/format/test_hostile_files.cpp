@@ -20,25 +20,32 @@ std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Reads the whole file as the fuzz target does; the first error's message, or "".
-std::string first_error(const std::filesystem::path& path) {
+// Every error reading the file gives, one per line: opening it, then each packet (as kvinspect
+// check goes on past a bad one), then the adapter.
+std::string errors(const std::filesystem::path& path) {
+    std::string messages;
     try {
         const kv::CacheReader reader(path);
-        for (const kv::PacketInfo& info : reader.packets())
-            reader.read(info.id);
+        for (const kv::PacketInfo& info : reader.packets()) {
+            try {
+                reader.read(info.id);
+            } catch (const kv::Error& error) {
+                messages += error.what() + std::string("\n");
+            }
+        }
         if (reader.has_adapter()) reader.read_adapter();
     } catch (const kv::Error& error) {
-        return error.what();
+        messages += error.what() + std::string("\n");
     }
-    return "";
+    return messages;
 }
 
 }  // namespace
 
 TEST_CASE("the checksum repair leaves sound files as they are and restores every checksum") {
     int files = 0;
-    for (const auto& entry :
-         std::filesystem::directory_iterator(std::string(KV_TEST_DATA_DIR) + "/kvcache/good")) {
+    for (const auto& entry : std::filesystem::directory_iterator(
+             std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good")) {
         const std::vector<uint8_t> original = read_bytes(entry.path());
         std::vector<uint8_t> bytes = original;
         std::vector<uint64_t> written;
@@ -58,7 +65,8 @@ TEST_CASE("the checksum repair leaves sound files as they are and restores every
 }
 
 TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
-    const std::string folder = std::string(KV_TEST_DATA_DIR) + "/../fuzz/regressions/cache_file/";
+    const std::filesystem::path folder =
+        std::filesystem::path(KV_TEST_DATA_DIR) / "../fuzz/regressions/cache_file";
     const std::pair<const char*, const char*> cases[] = {
         {"hdf5-attribute-info-undefined-address-accumulator", "an address outside the file"},
         {"hdf5-btree-record-size", "a B-tree whose records do not fit its nodes"},
@@ -77,10 +85,15 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
         {"hdf5-fractal-heap-width-zero",
          "a fractal heap whose doubling table is impossible (width 0, first block 1024"},
+        // Its pipeline (shuffle, zstd, a filter 0 where Fletcher32 was) gave HDF5 a chunk a byte
+        // short, read past; the filter is refused before anything is read.
+        {"hdf5-chunk-pipeline-output-short",
+         "cannot read 'positions': a dataset compressed with HDF5 filter 0, which kvtools does "
+         "not read"},
     };
     for (const auto& [name, expected] : cases) {
         INFO(name);
-        const std::string message = first_error(folder + name);
+        const std::string message = errors(folder / name);
         CHECK(message.find(expected) != std::string::npos);
     }
 }
