@@ -447,11 +447,33 @@ static_assert(attend_block % 4 == 0);
 // Scores held at once (16 MiB of float32): more rows than fit go in further passes over the keys.
 constexpr int64_t attend_score_floats = int64_t{4} << 20;
 
+// The sums of 16 vectors of partial sums, with the bits _mm512_reduce_add_ps gives each: the
+// vectors are reduced together by shuffles that add the same pairs it adds for each (the upper
+// 256 bits to the lower, the upper 128 to the lower, lanes 2-3 to 0-1, lane 1 to 0), a few
+// instructions for 16 sums where one reduction each cost a chain of them. Then + 0, as
+// rows_avx512_dpbf16 adds its (empty) tail.
+__attribute__((target("avx512f"))) inline void sums16_as_reduce_add(const __m512* acc, float* y) {
+    // Upper 256 bits + lower of vectors p and p + 8: [p's 8 sums | p + 8's].
+    __m512 halves[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p)
+        halves[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[p], acc[p + 8], 0xEE),
+                                  _mm512_shuffle_f32x4(acc[p], acc[p + 8], 0x44));
+    // Upper 128 bits + lower: 4 sums each of vectors [2q, 2q + 8, 2q + 1, 2q + 9].
+    __m512 quarters[4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q)
+        quarters[q] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0xDD),
+                                    _mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0x88));
+    // Lanes 0 + 2 and 1 + 3, then those two (fold4): vectors 0, 2, .., 14, then 1, 3, .., 15.
+    const __m512 sums = fold4(quarters[0], quarters[1], quarters[2], quarters[3]);
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_permutexvar_ps(order, sums), _mm512_setzero_ps()));
+}
+
 // rows_avx512_dpbf16 over 16 rows of a multiple of 32 columns, giving its bits: each row's
-// vector of partial sums is built by the same dot-product instructions, then the 16 vectors are
-// reduced together by shuffles that add the same pairs _mm512_reduce_add_ps adds for each (the
-// upper 256 bits to the lower, the upper 128 to the lower, lanes 2-3 to 0-1, lane 1 to 0), a
-// few instructions for 16 sums where one reduction each cost a chain of them.
+// vector of partial sums is built by the same dot-product instructions, then reduced by
+// sums16_as_reduce_add.
 __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot16_dpbf16(const uint16_t* rows,
                                                                          const uint16_t* x,
                                                                          float* y,
@@ -467,23 +489,42 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot16_dpbf16(const u
             acc[j] = _mm512_dpbf16_ps(
                 acc[j], reinterpret_cast<__m512bh>(_mm512_loadu_si512(rows + j * columns + k)), xv);
     }
-    // Upper 256 bits + lower of rows p and p + 8: [p's 8 sums | p + 8's].
-    __m512 halves[8];
-#pragma GCC unroll 8
-    for (int p = 0; p < 8; ++p)
-        halves[p] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[p], acc[p + 8], 0xEE),
-                                  _mm512_shuffle_f32x4(acc[p], acc[p + 8], 0x44));
-    // Upper 128 bits + lower: 4 sums each of rows [2q, 2q + 8, 2q + 1, 2q + 9].
-    __m512 quarters[4];
+    sums16_as_reduce_add(acc, y);
+}
+
+// The scores of 4 query rows (bf16, `columns` apart) against `count` keys, a multiple of 4, of a
+// multiple of 32 columns, into scores[r * stride + n]: 4 keys by 4 rows at a time, each key
+// loaded once for the 4 rows (dot16_dpbf16, a row at a time, loads every key once per row and is
+// bound by the loads). Each score is the same chain of dot-product instructions and the same
+// reduction as there: the same bits.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void dot4x4_dpbf16(
+    const uint16_t* keys, const uint16_t* queries, float* scores, int64_t stride, int64_t count,
+    int64_t columns) {
+    for (int64_t n = 0; n < count; n += 4) {
+        __m512 acc[16];  // [row * 4 + key]
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; ++j)
+            acc[j] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < columns; k += 32) {
+            __m512bh key[4], query[4];
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; ++q)
-        quarters[q] = _mm512_add_ps(_mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0xDD),
-                                    _mm512_shuffle_f32x4(halves[2 * q], halves[2 * q + 1], 0x88));
-    // Lanes 0 + 2 and 1 + 3, then those two (fold4): rows 0, 2, .., 14, then 1, 3, .., 15.
-    const __m512 sums = fold4(quarters[0], quarters[1], quarters[2], quarters[3]);
-    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    // + the (empty) tail's 0, as rows_avx512_dpbf16 adds it.
-    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_permutexvar_ps(order, sums), _mm512_setzero_ps()));
+            for (int i = 0; i < 4; ++i) {
+                key[i] =
+                    reinterpret_cast<__m512bh>(_mm512_loadu_si512(keys + (n + i) * columns + k));
+                query[i] =
+                    reinterpret_cast<__m512bh>(_mm512_loadu_si512(queries + i * columns + k));
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i)
+                    acc[r * 4 + i] = _mm512_dpbf16_ps(acc[r * 4 + i], key[i], query[r]);
+        }
+        alignas(64) float sums[16];
+        sums16_as_reduce_add(acc, sums);
+        for (int r = 0; r < 4; ++r)
+            std::memcpy(scores + r * stride + n, sums + r * 4, 4 * sizeof(float));
+    }
 }
 
 // dot_rows over the rows [0, count) of a block, with the query already rounded to bf16 where
@@ -652,9 +693,28 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
     auto in_block = [&](int64_t r, int64_t begin, int64_t end) {
         return std::max<int64_t>(0, std::min(end, visible[first + r]) - begin);
     };
+    // Rows by 4 where the dot-product instruction is used, over the keys the 4 see in common.
+    const bool by_four = std::is_same_v<Weight, uint16_t> && rounded && columns % 32 == 0;
     for (int64_t begin = 0; begin < span; begin += attend_block) {
         const int64_t end = std::min(span, begin + attend_block);
-        for (int64_t r = 0; r < rows; ++r)
+        int64_t r = 0;
+        for (; by_four && r + 4 <= rows; r += 4) {
+            int64_t common = attend_block;
+            for (int64_t g = 0; g < 4; ++g)
+                common = std::min(common, in_block(r + g, begin, end));
+            common &= ~int64_t{3};
+            if constexpr (std::is_same_v<Weight, uint16_t>)
+                if (common > 0)
+                    dot4x4_dpbf16(keys + begin * columns, rounded + (first + r) * columns,
+                                  scores + r * stride + begin, stride, common, columns);
+            for (int64_t g = 0; g < 4; ++g)
+                if (const int64_t n = in_block(r + g, begin, end); n > common)
+                    dot_block(keys + (begin + common) * columns,
+                              queries + (first + r + g) * columns,
+                              rounded + (first + r + g) * columns,
+                              scores + (r + g) * stride + begin + common, n - common, columns);
+        }
+        for (; r < rows; ++r)
             if (const int64_t n = in_block(r, begin, end); n > 0)
                 dot_block(keys + begin * columns, queries + (first + r) * columns,
                           rounded ? rounded + (first + r) * columns : nullptr,

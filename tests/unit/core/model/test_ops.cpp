@@ -912,8 +912,9 @@ TEST_CASE("attend_rows: query rows over prefixes of one kv head, against float64
           "[ops][attention][gemv]") {
     // A short question's rows over a long context: each row over its own prefix of the keys
     // (empty, inside the first block, on block boundaries, all of them), rows in register groups
-    // and left over, widths with and without a register kernel or vector tail; the last case
-    // holds more scores than one pass keeps (16 MiB), so the rows go in several passes.
+    // (of 4 for the scores, over the keys the 4 share) and left over, widths with and without a
+    // register kernel or vector tail; the last case holds more scores than one pass keeps (16 MiB),
+    // so the rows go in several passes.
     struct Case {
         int64_t columns, keys;
         std::vector<int64_t> visible;
@@ -925,6 +926,8 @@ TEST_CASE("attend_rows: query rows over prefixes of one kv head, against float64
          300,
          {300, 299, 298, 297, 296, 295, 294, 293, 292, 291, 290, 289, 288, 287, 286, 285, 284}},
         {24, 513, {513, 100, 0, 512}},
+        // Rows by 4 over the keys they share, each row's own rest after them.
+        {32, 2000, {2000, 1999, 1998, 1997, 1996, 1995, 1994, 1993, 1990, 1000, 7, 2000}},
         {16, 70000, std::vector<int64_t>(70, 70000)}};
     for (const Case& c : cases) {
         const int64_t count = static_cast<int64_t>(c.visible.size());
