@@ -267,9 +267,15 @@ uint64_t datatype_size(const unsigned char* type) {
 }
 // What HDF5 1.10 would trust in a datatype, or "": a variable-length type whose elements have an
 // absurd size (it allocates and converts length x size bytes per value: found by fuzzing, a
-// string of 4-gigabyte characters that never finished).
+// string of 4-gigabyte characters that never finished), or whose own size is not what its
+// values take in the file, a length (4), a heap address (8) and an index (4): HDF5 sizes the
+// stored values by the one and copies them by the other (found by fuzzing: a string attribute
+// typed 14 bytes, read 16 past its message).
 std::string datatype_problem(const unsigned char* type, std::size_t size) {
     if (size < 16 || (type[0] & 0x0f) != 9) return "";
+    if (datatype_size(type) != 16)
+        return "a variable-length type of " + std::to_string(datatype_size(type)) +
+               " bytes (HDF5 stores 16)";
     const uint64_t element = datatype_size(type + 8);
     const bool string = (type[1] & 0x0f) == 1;
     if (string ? element != 1 : element == 0 || element > 1024)

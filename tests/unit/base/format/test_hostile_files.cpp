@@ -85,6 +85,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
         {"hdf5-fractal-heap-width-zero",
          "a fractal heap whose doubling table is impossible (width 0, first block 1024"},
+        {"hdf5-vlen-type-size-short",
+         "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
+         "bytes (HDF5 stores 16))"},
         // Its pipeline (shuffle, zstd, a filter 0 where Fletcher32 was) gave HDF5 a chunk a byte
         // short, read past; the filter is refused before anything is read.
         {"hdf5-chunk-pipeline-output-short",
