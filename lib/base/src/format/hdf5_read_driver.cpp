@@ -272,7 +272,22 @@ uint64_t datatype_size(const unsigned char* type) {
 // stored values by the one and copies them by the other (found by fuzzing: a string attribute
 // typed 14 bytes, read 16 past its message).
 std::string datatype_problem(const unsigned char* type, std::size_t size) {
-    if (size < 16 || (type[0] & 0x0f) != 9) return "";
+    const unsigned type_class = type[0] & 0x0f;
+    if ((type_class == 0 || type_class == 1) && size >= 12) {
+        // A number's bits (offset, precision; a float's exponent and mantissa within them) inside
+        // its bytes: HDF5 converts them by bit position (found by fuzzing: an integer attribute
+        // whose bits lay past its bytes, SEGV in H5T__bit_find).
+        const uint64_t bits = 8 * datatype_size(type);
+        const uint64_t offset = load_le(type + 8, 2), precision = load_le(type + 10, 2);
+        if (precision == 0 || offset + precision > bits)
+            return "a number of " + std::to_string(bits / 8) + " bytes whose " +
+                   std::to_string(precision) + " bits start at bit " + std::to_string(offset);
+        if (type_class == 1 && size >= 16 &&
+            (type[12] + uint64_t{type[13]} > precision ||
+             type[14] + uint64_t{type[15]} > precision || type[13] == 0 || type[15] == 0))
+            return "a floating-point number whose exponent or mantissa lies outside its bits";
+    }
+    if (size < 16 || type_class != 9) return "";
     if (datatype_size(type) != 16)
         return "a variable-length type of " + std::to_string(datatype_size(type)) +
                " bytes (HDF5 stores 16)";

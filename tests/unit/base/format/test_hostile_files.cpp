@@ -4,9 +4,11 @@
 #include "../../../fuzz/hdf5_checksums.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "test_support.hpp"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -85,6 +87,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
         {"hdf5-fractal-heap-width-zero",
          "a fractal heap whose doubling table is impossible (width 0, first block 1024"},
+        {"hdf5-number-bits-outside-bytes",
+         "corrupt object header (an attribute of a floating-point number whose exponent or "
+         "mantissa lies outside its bits)"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
@@ -99,4 +104,26 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         const std::string message = errors(folder / name);
         CHECK(message.find(expected) != std::string::npos);
     }
+}
+
+TEST_CASE("a number type whose bits lie outside its bytes is refused") {
+    // good/0001_minimal.kvc's 8-byte signed integer attributes (class 0, version 1, signed, 8
+    // bytes, bit offset 0, precision 64), their precision made 72, checksums recomputed.
+    std::vector<uint8_t> bytes =
+        read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0001_minimal.kvc");
+    const std::vector<uint8_t> integer = {0x10, 0x08, 0x00, 0x00, 0x08, 0x00,
+                                          0x00, 0x00, 0x00, 0x00, 0x40, 0x00};
+    int changed = 0;
+    for (auto at = bytes.begin();
+         (at = std::search(at, bytes.end(), integer.begin(), integer.end())) != bytes.end();
+         ++at, ++changed)
+        at[10] = 0x48;
+    REQUIRE(changed > 0);
+    kv::fuzz::repair_hdf5_checksums(bytes.data(), bytes.size());
+    const kv::test::TempDir dir;
+    const auto path = dir / "wide.kvc";
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    CHECK_THAT(errors(path), Catch::Contains("a number of 8 bytes whose 72 bits start at bit 0"));
 }
