@@ -621,7 +621,8 @@ void DciIndex::restore(const float* keys, int64_t count, const DciLayout& layout
 }
 
 void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
-                                const std::string& source, KeyStorage storage) {
+                                const std::string& source, KeyStorage storage,
+                                const Bf16KeyReader& read_bf16) {
     if (!storage.floats && storage.read)
         throw UsageError("dci: restore_in_place reads back storage it was not given");
     restore_from(read, count, layout, source, false);
@@ -670,7 +671,9 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
         const int64_t rows = std::min(chunk, count - first);
         const std::span<const int32_t> tokens(token_at.data() + first,
                                               static_cast<std::size_t>(rows));
-        if (storage.bf16_keys) {
+        if (storage.bf16_keys && read_bf16) {
+            read_bf16(tokens, reinterpret_cast<uint16_t*>(keys_out + key_floats_of(first)));
+        } else if (storage.bf16_keys) {
             wide.resize(static_cast<std::size_t>(rows * head_dim_));
             read(tokens, wide.data());
             auto* narrow = reinterpret_cast<uint16_t*>(keys_out + key_floats_of(first));

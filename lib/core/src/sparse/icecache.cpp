@@ -5,12 +5,15 @@
 // (stored segments, restored on first use, their keys rotated back by the offset they were
 // packed at).
 #include "common.hpp"
+#include "kv/float_convert.hpp"
 #include "kv/index/dci.hpp"
 #include "kv/memory.hpp"
 #include "kv/model/ops.hpp"
+#include "kv/rope.hpp"
 #include "kv/sparse/sparse_attention.hpp"
 #include "methods.hpp"
 
+#include <cstring>
 #include <functional>
 #include <span>
 #include <string>
@@ -24,6 +27,38 @@ torch::Tensor index_keys(const KvCache& cache, int64_t layer, int64_t head, int6
     torch::Tensor rows = cache.read_keys(layer, head, first, count);
     if (delta != 0) rows = rope.shift(rows, -delta);
     return rows.contiguous();
+}
+
+// index_keys for `tokens` of a head's bf16 rows: widened exactly, then rotated back by delta in
+// float32 by rotate_keys, as Rope::shift rotates index_keys' floats.
+void read_rotated_floats(const uint16_t* rows, int64_t dim, std::span<const int32_t> tokens,
+                         const RopeSettings& rope, int64_t delta, float* out) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+        const uint16_t* row = rows + static_cast<int64_t>(tokens[i]) * dim;
+        float* wide = out + static_cast<int64_t>(i) * dim;
+        for (int64_t d = 0; d < dim; ++d)
+            wide[d] = bf16_to_float(row[d]);
+    }
+    rotate_keys(reinterpret_cast<std::byte*>(out), CacheDtype::f32, tokens.size(), rope, -delta);
+}
+
+// What float_to_bf16 makes of read_rotated_floats' floats: rotate_keys on bf16 rows does the
+// same float32 arithmetic and rounds as float_to_bf16 does; unrotated, the rows round-trip
+// unchanged but for a signalling NaN, which float_to_bf16 quiets.
+void read_rotated_bf16(const uint16_t* rows, int64_t dim, std::span<const int32_t> tokens,
+                       const RopeSettings& rope, int64_t delta, uint16_t* out) {
+    const auto row_bytes = static_cast<std::size_t>(dim) * sizeof(uint16_t);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+        std::memcpy(out + static_cast<int64_t>(i) * dim,
+                    rows + static_cast<int64_t>(tokens[i]) * dim, row_bytes);
+    const std::size_t values = tokens.size() * static_cast<std::size_t>(dim);
+    if (delta != 0) {
+        rotate_keys(reinterpret_cast<std::byte*>(out), CacheDtype::bf16, tokens.size(), rope,
+                    -delta);
+    } else {
+        for (std::size_t v = 0; v < values; ++v)
+            if ((out[v] & 0x7fffu) > 0x7f80u) out[v] |= 0x40u;
+    }
 }
 
 // One index segment: rows [first_row, first_row + size) of the cache, indexed per (layer, head)
@@ -186,6 +221,26 @@ std::function<void()> IceCache::restore_job(const Segment& segment, DciIndex* in
         const int64_t dim = cache.head_dim();
         // Keys that were bf16 stay bf16 in the index: exact, and half the bytes a query reads.
         const bool bf16_keys = cache.dtype() == torch::kBFloat16 && dim % 2 == 0;
+        if (!arena && bf16_keys) {
+            const torch::Tensor plane = cache.keys(layer)[head];
+            // (Rope::shift rotates rows of the whole head_dim only; others take index_keys.)
+            if (plane.device().is_cpu() && plane.stride(1) == 1 && plane.stride(0) == dim &&
+                2 * static_cast<int64_t>(rope.inverse_frequencies().size()) == dim) {
+                // Rows copied from the cache a few thousand at a time, no float32 copy of the
+                // head (two of them, 16 MB at 32k tokens, every page new to the process).
+                const auto* rows = static_cast<const uint16_t*>(plane.data_ptr()) + first * dim;
+                const RopeSettings settings{rope.layout(), dim, rope.inverse_frequencies()};
+                index->restore_in_place(
+                    [&](std::span<const int32_t> tokens, float* out) {
+                        read_rotated_floats(rows, dim, tokens, settings, delta, out);
+                    },
+                    count, layout, source, {nullptr, {}, true},
+                    [&](std::span<const int32_t> tokens, uint16_t* out) {
+                        read_rotated_bf16(rows, dim, tokens, settings, delta, out);
+                    });
+                return;
+            }
+        }
         if (!arena) {
             // In memory, in the index's own order of slots: a query reads each expanded point's
             // children as one run of keys.

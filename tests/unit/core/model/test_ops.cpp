@@ -286,6 +286,39 @@ TEST_CASE("rotate_keys gives the scalar float32 rotation's bits at every width a
     }
 }
 
+TEST_CASE("rotating bf16 rows rounds once: float_to_bf16 of the float32 rotation of their values",
+          "[ops][rope]") {
+    // IceCache restores a stored index's keys this way, a bf16 row at a time, where it rotated a
+    // float32 copy of the head and rounded that (icecache.cpp, read_rotated_bf16).
+    ModelConfig config;
+    config.head_dim = 64;
+    config.rope_theta = 500000;
+    const RopeSettings settings{RopeLayout::half_split, 64, rope_inverse_frequencies(config)};
+    const int64_t rows = 33;
+    const torch::Tensor random = (random_tensor({rows, 64}, 71) * 3).to(torch::kBFloat16);
+    std::vector<uint16_t> narrow(static_cast<std::size_t>(rows * 64));
+    std::memcpy(narrow.data(), random.data_ptr(), narrow.size() * 2);
+    narrow[3] = 0x7f81;   // a signalling NaN
+    narrow[70] = 0x0001;  // the smallest denormal
+    narrow[71] = 0xff80;  // -infinity
+    for (const int64_t delta : {int64_t{1}, int64_t{-7}, int64_t{32768}}) {
+        CAPTURE(delta);
+        std::vector<float> wide(narrow.size());
+        for (std::size_t i = 0; i < wide.size(); ++i)
+            wide[i] = bf16_to_float(narrow[i]);
+        rotate_keys(reinterpret_cast<std::byte*>(wide.data()), CacheDtype::f32,
+                    static_cast<std::size_t>(rows), settings, delta);
+        std::vector<uint16_t> rotated = narrow;
+        rotate_keys(reinterpret_cast<std::byte*>(rotated.data()), CacheDtype::bf16,
+                    static_cast<std::size_t>(rows), settings, delta);
+        for (std::size_t i = 0; i < wide.size(); ++i)
+            CHECK(rotated[i] == float_to_bf16(wide[i]));
+    }
+    // Unrotated, the round trip changes a signalling NaN only: it comes back quiet.
+    CHECK(float_to_bf16(bf16_to_float(0x7f81)) == 0x7fc1);
+    CHECK(float_to_bf16(bf16_to_float(0x0001)) == 0x0001);
+}
+
 TEST_CASE("llama3 RoPE scaling matches Meta's formula in float64", "[ops][rope]") {
     ModelConfig config;
     config.head_dim = 128;

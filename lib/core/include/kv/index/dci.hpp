@@ -61,6 +61,9 @@ struct DciQueryResult {
 /// Writes the keys of `tokens` (a few thousand at most) in the index's frame, row-major float32,
 /// to `out`.
 using KeyReader = std::function<void(std::span<const int32_t> tokens, float* out)>;
+/// The same keys as bf16 rows (what float_to_bf16 makes of the KeyReader's floats), for an index
+/// keeping bf16 keys: a cache of bf16 keys copies its rows, no float32 between.
+using Bf16KeyReader = std::function<void(std::span<const int32_t> tokens, uint16_t* out)>;
 
 /// Where an index restored in place keeps its keys and everything else it knows per token:
 /// dci_storage_floats(count, head_dim, bf16_keys) floats at `floats` (e.g. a FileArena region),
@@ -117,8 +120,10 @@ class DciIndex {
     /// tokens_of_page(), child_pages(), size(), levels() and the page counts; the per-token
     /// accessors (level, parent, token_page, projection_of, key, page_tokens) are not for it,
     /// and it takes no new tokens (insert() throws).
+    /// With storage.bf16_keys, `read_bf16` (where given) writes the stored keys.
     void restore_in_place(const KeyReader& read, int64_t count, const DciLayout& layout,
-                          const std::string& source, KeyStorage storage);
+                          const std::string& source, KeyStorage storage,
+                          const Bf16KeyReader& read_bf16 = {});
     /// Whether the index keeps its keys in the slot storage of restore_in_place.
     bool in_place() const { return in_place_; }
 
