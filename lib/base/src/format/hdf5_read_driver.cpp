@@ -273,6 +273,14 @@ uint64_t datatype_size(const unsigned char* type) {
 // typed 14 bytes, read 16 past its message).
 std::string datatype_problem(const unsigned char* type, std::size_t size) {
     const unsigned type_class = type[0] & 0x0f;
+    // The format's values are numbers and strings. HDF5 decodes the member names of compound
+    // and enumeration types, and an opaque type's tag, with strdup, unbounded.
+    if (size >= 1 && (type_class == 5 || type_class == 6 || type_class == 8 || type_class == 10))
+        return std::string(type_class == 5   ? "an opaque"
+                           : type_class == 6 ? "a compound"
+                           : type_class == 8 ? "an enumeration"
+                                             : "an array") +
+               " type, which the format does not use";
     if ((type_class == 0 || type_class == 1) && size >= 12) {
         // A number's bits (offset, precision; a float's exponent and mantissa within them) inside
         // its bytes: HDF5 converts them by bit position (found by fuzzing: an integer attribute
@@ -384,6 +392,10 @@ std::string attribute_message_problem(const RawSource& source, uint64_t base,
                                 ? header + padded(name) + padded(type) + padded(space)
                                 : UINT64_MAX;
     if (needed > size) return "an attribute message larger than its space";
+    // The name's bytes end with its terminating zero: HDF5 copies it with strdup (found by
+    // fuzzing: a name without one, read past its message).
+    if (name == 0 || std::memchr(d + header, 0, name) == nullptr)
+        return "an attribute whose name has no end";
     const unsigned char* type_at = d + header + padded(name);
     const unsigned char* space_at = type_at + padded(type);
     if (version >= 2 && (d[1] & 0x03) != 0) return "";  // shared datatype or dataspace

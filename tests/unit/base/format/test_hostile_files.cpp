@@ -90,6 +90,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-number-bits-outside-bytes",
          "corrupt object header (an attribute of a floating-point number whose exponent or "
          "mantissa lies outside its bits)"},
+        {"hdf5-attribute-name-without-end",
+         "corrupt object header (an attribute whose name has no end)"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
