@@ -375,6 +375,39 @@ std::string link_message_problem(const unsigned char* d, std::size_t size) {
     return "";
 }
 
+// A filter pipeline message: version 1 has 6 reserved bytes after the version and the count,
+// then per filter its id (2), name length (2, a multiple of 8), flags (2), parameter count (2),
+// name and parameters (4 each, padded to 8); version 2 gives a name length only for ids from 256
+// and pads nothing. HDF5 1.10 sizes each name with strlen: a name without its zero is read past.
+std::string pipeline_message_problem(const unsigned char* d, std::size_t size) {
+    if (size < 2 || (d[0] != 1 && d[0] != 2)) return "";  // HDF5 refuses other versions
+    const bool v1 = d[0] == 1;
+    std::size_t at = v1 ? 8 : 2;
+    const char* const too_short = "a filter pipeline message shorter than its filters";
+    for (unsigned filter = 0; filter < d[1]; ++filter) {
+        if (size < at + 2) return too_short;
+        const uint64_t id = load_le(d + at, 2);
+        at += 2;
+        uint64_t name = 0;
+        if (v1 || id >= 256) {
+            if (size < at + 2) return too_short;
+            name = load_le(d + at, 2);
+            at += 2;
+        }
+        if (size < at + 4) return too_short;
+        const uint64_t values = load_le(d + at + 2, 2);
+        at += 4;
+        if (name > size - at) return too_short;
+        if (name > 0 && std::memchr(d + at, 0, name) == nullptr)
+            return "a filter whose name has no end";
+        at += name;
+        const uint64_t value_bytes = 4 * values + (v1 && values % 2 ? 4 : 0);
+        if (value_bytes > size - at) return too_short;
+        at += value_bytes;
+    }
+    return "";
+}
+
 // An attribute message (in an object header, or an object's fractal heap): its name, datatype,
 // dataspace and data must fit it (a dataspace claiming 56 KB in a 72-byte message overflowed
 // the heap), its datatype be sane, its strings' heap ids name objects of their collections.
@@ -572,6 +605,15 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                         fill_value_problem(message.type, d.data(), d.size());
                     if (!problem.empty()) return problem;
                 }
+                break;
+            case 0x0B: {
+                const std::string problem = pipeline_message_problem(d.data(), d.size());
+                if (!problem.empty()) return problem;
+                break;
+            }
+            case 0x0D:  // an object comment, which HDF5 copies with strdup
+                if (std::memchr(d.data(), 0, d.size()) == nullptr)
+                    return "an object comment that has no end";
                 break;
             case 0x06: {
                 const std::string problem = link_message_problem(d.data(), d.size());

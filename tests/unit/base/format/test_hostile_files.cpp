@@ -129,3 +129,21 @@ TEST_CASE("a number type whose bits lie outside its bytes is refused") {
                static_cast<std::streamsize>(bytes.size()));
     CHECK_THAT(errors(path), Catch::Contains("a number of 8 bytes whose 72 bits start at bit 0"));
 }
+
+TEST_CASE("a filter name without its terminating zero is refused") {
+    // broken/0039's LZF filter (version 2 pipeline: id 32000, name length 4, "lzf\0"), its zero
+    // made an 'x', checksums recomputed: HDF5 would size the name with strlen.
+    std::vector<uint8_t> bytes = read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) /
+                                            "kvcache/broken/0039_filter_not_in_format.kvc");
+    const std::vector<uint8_t> name = {'l', 'z', 'f', 0};
+    const auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+    REQUIRE(at != bytes.end());
+    at[3] = 'x';
+    kv::fuzz::repair_hdf5_checksums(bytes.data(), bytes.size());
+    const kv::test::TempDir dir;
+    const auto path = dir / "unterminated.kvc";
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
+    CHECK_THAT(errors(path), Catch::Contains("a filter whose name has no end"));
+}
