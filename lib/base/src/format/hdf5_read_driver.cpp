@@ -272,10 +272,11 @@ uint64_t datatype_size(const unsigned char* type) {
 // stored values by the one and copies them by the other (found by fuzzing: a string attribute
 // typed 14 bytes, read 16 past its message).
 std::string datatype_problem(const unsigned char* type, std::size_t size) {
+    if (size == 0) return "";  // HDF5 refuses an empty datatype message itself
     const unsigned type_class = type[0] & 0x0f;
     // The format's values are numbers and strings. HDF5 decodes the member names of compound
     // and enumeration types, and an opaque type's tag, with strdup, unbounded.
-    if (size >= 1 && (type_class == 5 || type_class == 6 || type_class == 8 || type_class == 10))
+    if (type_class == 5 || type_class == 6 || type_class == 8 || type_class == 10)
         return std::string(type_class == 5   ? "an opaque"
                            : type_class == 6 ? "a compound"
                            : type_class == 8 ? "an enumeration"
