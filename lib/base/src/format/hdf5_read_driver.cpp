@@ -778,6 +778,24 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
         address >= end ? 0 : static_cast<std::size_t>(std::min<uint64_t>(size, end - address));
     if (available > 0 && !file->source.read(address, available, buffer)) return -1;
     std::memset(static_cast<char*>(buffer) + available, 0, size - available);
+    // HDF5 reads an object header's prefix before it knows the header's size, no further than
+    // the file's end of allocation: where that end is moved up to the header (a superblock
+    // whose checksum was recomputed), it decodes the prefix from fewer bytes than it has and
+    // checksums a length computed from garbage (found by fuzzing: a 1-byte read, then SEGV in
+    // H5_checksum_lookup3). No header or continuation chunk is shorter than 8 bytes; a version-2
+    // prefix is 6 bytes, its optional times and attribute limits, and its first chunk's size.
+    if (type == H5FD_MEM_OHDR && size < 16) {
+        const auto* bytes = static_cast<const unsigned char*>(buffer);
+        const bool v2 = size >= 6 && std::memcmp(bytes, "OHDR", 4) == 0;
+        const std::size_t prefix = v2 ? 6 + ((bytes[5] & 0x20) ? 16 : 0) +
+                                            ((bytes[5] & 0x10) ? 4 : 0) +
+                                            (std::size_t{1} << (bytes[5] & 3))
+                                      : 8;
+        if (size < prefix) {
+            last_problem() = "corrupt object header (cut short by the file's end of allocation)";
+            return -1;
+        }
+    }
     // An object header: version 1 (version 1, a reserved zero, the message count, reference
     // count and first chunk size, four zero bytes of padding) or 2 ("OHDR", version 2).
     if (type == H5FD_MEM_OHDR && size >= 16) {
