@@ -779,11 +779,12 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
     if (available > 0 && !file->source.read(address, available, buffer)) return -1;
     std::memset(static_cast<char*>(buffer) + available, 0, size - available);
     // HDF5 reads an object header's prefix before it knows the header's size, no further than
-    // the file's end of allocation: where that end is moved up to the header (a superblock
-    // whose checksum was recomputed), it decodes the prefix from fewer bytes than it has and
-    // checksums a length computed from garbage (found by fuzzing: a 1-byte read, then SEGV in
-    // H5_checksum_lookup3). No header or continuation chunk is shorter than 8 bytes; a version-2
-    // prefix is 6 bytes, its optional times and attribute limits, and its first chunk's size.
+    // the end of the file or of allocation, and decodes the prefix from whatever that read gave
+    // it: a header whose prefix is cut short there (an address moved to the file's last bytes,
+    // checksums recomputed) had HDF5 checksum a length computed from garbage (found by fuzzing:
+    // a 1-byte read, then SEGV in H5_checksum_lookup3). No header or continuation chunk is
+    // shorter than 8 bytes; a version-2 prefix is 6 bytes, its optional times and attribute
+    // limits, and its first chunk's size.
     if (type == H5FD_MEM_OHDR && size < 16) {
         const auto* bytes = static_cast<const unsigned char*>(buffer);
         const bool v2 = size >= 6 && std::memcmp(bytes, "OHDR", 4) == 0;
@@ -792,7 +793,7 @@ herr_t driver_read(H5FD_t* base_in, H5FD_mem_t type, hid_t, haddr_t address, siz
                                             (std::size_t{1} << (bytes[5] & 3))
                                       : 8;
         if (size < prefix) {
-            last_problem() = "corrupt object header (cut short by the file's end of allocation)";
+            last_problem() = "corrupt object header (cut short by the end of the file)";
             return -1;
         }
     }

@@ -96,8 +96,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         // The same in an attribute read without a file to check heap ids against (21 GB).
         {"hdf5-vlen-huge-characters-unguarded-read",
          "a variable-length type of 4278190081-byte elements"},
-        {"hdf5-object-header-cut-by-end-of-allocation",
-         "corrupt object header (cut short by the file's end of allocation)"},
+        {"hdf5-object-header-cut-short",
+         "corrupt object header (cut short by the end of the file)"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
