@@ -613,7 +613,7 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                 break;
             }
             case 0x0D:  // an object comment, which HDF5 copies with strdup
-                if (std::memchr(d.data(), 0, d.size()) == nullptr)
+                if (d.empty() || std::memchr(d.data(), 0, d.size()) == nullptr)
                     return "an object comment that has no end";
                 break;
             case 0x06: {

@@ -98,6 +98,7 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
          "a variable-length type of 4278190081-byte elements"},
         {"hdf5-object-header-cut-short",
          "corrupt object header (cut short by the end of the file)"},
+        {"hdf5-empty-object-comment", "corrupt object header (an object comment that has no end)"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
