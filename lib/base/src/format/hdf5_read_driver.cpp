@@ -670,6 +670,19 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
     }
     if (!dataspace || (dims.empty() && dataspace->data.size() >= 2 && dataspace->data[1] > 0))
         return "";
+    if (layout_class == 1 && l.size() >= 18 && datatype && datatype->data.size() >= 8) {
+        // Contiguous: address (8), size (8). The stored bytes hold the shape's, as a compact
+        // dataset's must (checked below): a reader copies the shape's bytes out of them.
+        const int64_t elements = dataspace_elements(dataspace->data.data(), dataspace->data.size());
+        const uint64_t element = datatype_size(datatype->data.data());
+        const uint64_t needed =
+            elements < 0 ? 0
+            : element != 0 && static_cast<uint64_t>(elements) > UINT64_MAX / element
+                ? UINT64_MAX
+                : static_cast<uint64_t>(elements) * element;
+        if (load_le(&l[2], 8) != UINT64_MAX && load_le(&l[10], 8) < needed)
+            return "a contiguous dataset with fewer bytes than its shape needs";
+    }
     if (layout_class == 0 && l.size() >= 4 && datatype && datatype->data.size() >= 8) {
         // Compact: size (2 bytes), then the data. Variable-length types (class 9) store heap ids.
         const unsigned type_class = datatype->data[0] & 0x0f;

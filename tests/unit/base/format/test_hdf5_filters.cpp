@@ -1,6 +1,6 @@
 // The filters kvtools registers in place of HDF5's (lib/base/src/format/hdf5_filters.hpp): byte
 // for byte HDF5's own shuffle, Fletcher32 and deflate, both ways, and reads that hold each chunk
-// to its size, including a chunk whose filter mask skips the stage that checks it.
+// to its size, including a chunk whose filter mask skips the stage that checks it, or every stage.
 #include "../../../../lib/base/src/format/hdf5_file.hpp"
 #include "../../../../lib/base/src/format/hdf5_filters.hpp"
 #include "test_support.hpp"
@@ -140,6 +140,16 @@ TEST_CASE("a read holds every chunk to its size, whatever its filter mask", "[hd
     std::memcpy(expected, short_chunk.data(), 23);
     std::memcpy(expected + 24, short_chunk.data(), 23);
     CHECK(std::memcmp(values, expected, sizeof expected) == 0);
+    // Every filter skipped: no stage runs to hold it, so the read refuses it beforehand.
+    const hid_t unfiltered = make_dataset(file, "unfiltered", 6, shuffle_and_sum);
+    for (const hsize_t at : {hsize_t{0}, hsize_t{3}})
+        REQUIRE(H5Dwrite_chunk(unfiltered, H5P_DEFAULT, 3, &at, short_chunk.size(),
+                               short_chunk.data()) >= 0);
+    CHECK(kv::format::read_dataset(unfiltered, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                                   values) < 0);
+    CHECK(kv::format::take_filter_problem() ==
+          "a chunk stored unfiltered in 23 bytes where the dataset's chunks hold 24");
+    H5Eclear2(H5E_DEFAULT);
     // A sound chunk reads as written.
     const hid_t sound = make_dataset(file, "sound", 3, shuffle_and_sum);
     const int64_t written[3] = {-1, 1 << 20, 7};
@@ -148,7 +158,7 @@ TEST_CASE("a read holds every chunk to its size, whatever its filter mask", "[hd
     REQUIRE(kv::format::read_dataset(sound, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                      values) >= 0);
     CHECK(std::memcmp(values, written, sizeof written) == 0);
-    for (const hid_t dataset : {plain, skipped, sound})
+    for (const hid_t dataset : {plain, skipped, unfiltered, sound})
         H5Dclose(dataset);
     H5Fclose(file);
 }

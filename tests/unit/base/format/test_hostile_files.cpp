@@ -99,6 +99,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-object-header-cut-short",
          "corrupt object header (cut short by the end of the file)"},
         {"hdf5-empty-object-comment", "corrupt object header (an object comment that has no end)"},
+        {"hdf5-chunk-unfiltered-short",
+         "cannot read 'positions': a chunk stored unfiltered in 38 bytes where the dataset's "
+         "chunks hold 144"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
