@@ -512,7 +512,7 @@ DciLayout CacheReader::read_index_layout(const std::string& id, int64_t layer, i
         throw UsageError("no index layout for layer " + std::to_string(layer) + ", kv-head " +
                          std::to_string(head) + ", segment " + std::to_string(segment) + " in " +
                          s.source);
-    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const FileReader in(s.source + ": packet " + kv::quoted(id), s.raw_checks ? &s.raw : nullptr);
     const std::string path = "/packets/" + packet_group_name(ordinal);
     const Lock lock = lock_hdf5();
     Handle group = in.open_group(s.file.get(), path, path);
@@ -600,7 +600,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
     const State& s = *state_;
     const auto [found, ordinal] = entry(id);
     const PacketInfo& info = *found;
-    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const FileReader in(s.source + ": packet " + kv::quoted(id), s.raw_checks ? &s.raw : nullptr);
     const std::string path = "/packets/" + packet_group_name(ordinal);
     const CacheModelInfo& m = s.model;
 
@@ -896,7 +896,7 @@ Quantization CacheReader::quantization(const std::string& id) const {
     const State& s = *state_;
     const Lock lock = lock_hdf5();
     if (!packet_has(id, "quantized")) return {};
-    const FileReader in(s.source + ": packet " + kv::quoted(id));
+    const FileReader in(s.source + ": packet " + kv::quoted(id), s.raw_checks ? &s.raw : nullptr);
     const std::string path = "/packets/" + packet_group_name(entry(id).second) + "/quantized";
     Handle group = in.open_group(s.file.get(), path, path);
     return read_quantization(in, group.get());

@@ -102,6 +102,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-chunk-unfiltered-short",
          "cannot read 'positions': a chunk stored unfiltered in 38 bytes where the dataset's "
          "chunks hold 144"},
+        {"hdf5-packet-attribute-string-unchecked",
+         "an attribute string: a string points outside the global heap"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
