@@ -651,7 +651,11 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
     if (!layout || layout->data.size() < 2) return "";
     const std::vector<unsigned char>& l = layout->data;
     const unsigned version = l[0], layout_class = l[1];
-    if (version < 3) return "";
+    // Versions 1 and 2 (HDF5 before 1.6.3) size a compact dataset's bytes differently; HDF5
+    // 1.10.8 read a 17-value one with no bytes from a null pointer (found by fuzzing). Every
+    // writer since, h5py's earliest format included, writes version 3 or 4.
+    if (version < 3)
+        return "a dataset layout of version " + std::to_string(version) + ", older than the format";
     if (layout_class == 3) return "a virtual dataset, which the format does not allow";
     // The dataset's extent (maximum dimensions where given) from its dataspace message:
     // version 1 has 5 reserved bytes, version 2 none; dimensions are 8 bytes each.

@@ -104,6 +104,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
          "chunks hold 144"},
         {"hdf5-packet-attribute-string-unchecked",
          "an attribute string: a string points outside the global heap"},
+        {"hdf5-layout-version-2-compact-empty",
+         "a dataset layout of version 2, older than the format"},
         {"hdf5-vlen-type-size-short",
          "attribute 'format': corrupt object header (an attribute of a variable-length type of 14 "
          "bytes (HDF5 stores 16))"},
