@@ -37,6 +37,12 @@ std::size_t refuse(std::string why) {
     return 0;
 }
 
+// The problem of a chunk that decodes to `size` bytes where a guarded read expects a chunk's.
+std::size_t refuse_size(uint64_t size) {
+    return refuse("a chunk that decodes to " + std::to_string(size) +
+                  " bytes where the dataset's chunks hold " + std::to_string(expected.bytes));
+}
+
 // A reverse stage's result (`size` bytes in *buf; 0 is a failure) held to the chunk: the last
 // stage must give the chunk's bytes exactly; any stage's buffer is grown to hold a chunk, its
 // bytes after the result zeros, because a chunk whose filter mask skips the last filter ends at
@@ -44,9 +50,7 @@ std::size_t refuse(std::string why) {
 std::size_t held_to_chunk(H5Z_filter_t id, std::size_t size, std::size_t* buf_size, void** buf) {
     const std::size_t chunk = expected.bytes;
     if (size == 0 || chunk == 0) return size;
-    if (id == expected.last && size != chunk)
-        return refuse("a chunk that decodes to " + std::to_string(size) +
-                      " bytes where the dataset's chunks hold " + std::to_string(chunk));
+    if (id == expected.last && size != chunk) return refuse_size(size);
     if (*buf_size < chunk) {
         void* grown = H5resize_memory(*buf, chunk);
         if (!grown) return 0;
@@ -154,7 +158,7 @@ std::size_t deflate_filter(unsigned flags, std::size_t cd_nelmts, const unsigned
     const bool last = expected.bytes != 0 && expected.last == H5Z_FILTER_DEFLATE;
     const std::size_t limit = last ? expected.bytes + 1 : max_chunk_bytes;
     std::size_t capacity =
-        std::min(limit, last ? expected.bytes + 1 : std::max<std::size_t>(*buf_size, 1 << 16));
+        last ? limit : std::min(limit, std::max<std::size_t>(*buf_size, 1 << 16));
     auto* output = static_cast<unsigned char*>(H5allocate_memory(capacity, false));
     if (!output) return 0;
     z_stream stream{};
@@ -201,9 +205,7 @@ std::size_t zstd_checked_filter(unsigned flags, std::size_t cd_nelmts, const uns
         const unsigned long long content = ZSTD_getFrameContentSize(*buf, nbytes);
         if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != ZSTD_CONTENTSIZE_ERROR &&
             content != expected.bytes)
-            return refuse("a chunk that decodes to " + std::to_string(content) +
-                          " bytes where the dataset's chunks hold " +
-                          std::to_string(expected.bytes));
+            return refuse_size(content);
     }
     const std::size_t size =
         zstd_filter_class.filter(flags, cd_nelmts, cd_values, nbytes, buf_size, buf);
@@ -226,22 +228,23 @@ const H5Z_class2_t deflate_class = {H5Z_CLASS_T_VERS, H5Z_FILTER_DEFLATE, 1, 1, 
 std::string unfiltered_chunk_problem(hid_t dataset, hid_t file_space, int rank,
                                      const hsize_t* chunk, int filters, std::size_t bytes) {
     hsize_t first[H5S_MAX_RANK], last[H5S_MAX_RANK];
-    const hid_t space = file_space == H5S_ALL ? H5Dget_space(dataset) : H5Scopy(file_space);
-    if (space < 0) return "";
-    const bool all = file_space == H5S_ALL;
-    bool bounded = H5Sget_simple_extent_ndims(space) == rank;
-    if (bounded && all) {
+    bool bounded = false;
+    if (file_space == H5S_ALL) {
+        const hid_t space = H5Dget_space(dataset);
         hsize_t dims[H5S_MAX_RANK];
-        H5Sget_simple_extent_dims(space, dims, nullptr);
+        bounded = space >= 0 && H5Sget_simple_extent_ndims(space) == rank &&
+                  H5Sget_simple_extent_dims(space, dims, nullptr) == rank;
         for (int i = 0; i < rank && bounded; ++i) {
             first[i] = 0;
             bounded = dims[i] > 0;
             last[i] = dims[i] - 1;
         }
-    } else if (bounded) {
-        bounded = H5Sget_select_npoints(space) > 0 && H5Sget_select_bounds(space, first, last) >= 0;
+        if (space >= 0) H5Sclose(space);
+    } else {
+        bounded = H5Sget_simple_extent_ndims(file_space) == rank &&
+                  H5Sget_select_npoints(file_space) > 0 &&
+                  H5Sget_select_bounds(file_space, first, last) >= 0;
     }
-    H5Sclose(space);
     if (!bounded) return "";
     uint64_t count = 1;
     hsize_t at[H5S_MAX_RANK];
