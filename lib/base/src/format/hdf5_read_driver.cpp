@@ -489,7 +489,11 @@ std::string dense_storage_problem(const RawSource& source, uint64_t base, uint64
                                                  "huge heap objects");
         !problem.empty())
         return problem;
-    const uint64_t id_length = load_le(h + 5, 2);
+    // The index records hold heap ids of a fixed size (H5O_FHEAP_ID_LEN, H5G_DENSE_FHEAP_ID_LEN),
+    // whatever length the heap header declares: HDF5 decodes them by the heap's offset and length
+    // sizes only (found by fuzzing: a declared length of 58,888 bytes hid the heap from this
+    // check, and an attribute in it was read past its object).
+    const uint64_t id_length = attributes ? 8 : 7;
     const uint64_t filters = load_le(h + 7, 2);
     const unsigned flags = h[9];
     const uint64_t max_object = load_le(h + 10, 4);

@@ -97,6 +97,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-fill-value-longer-than-message",
          "corrupt object header (a fill value message too short)"},
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
+        {"hdf5-dense-attribute-heap-id-length",
+         "cannot open group '/model': corrupt object header (an attribute message larger than its "
+         "space)"},
         {"hdf5-fractal-heap-width-zero",
          "a fractal heap whose doubling table is impossible (width 0, first block 1024"},
         {"hdf5-number-bits-outside-bytes",
