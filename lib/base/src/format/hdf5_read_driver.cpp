@@ -435,8 +435,12 @@ std::string attribute_message_problem(const RawSource& source, uint64_t base,
     if (version >= 2 && (d[1] & 0x03) != 0) return "";  // shared datatype or dataspace
     const std::string type_problem = datatype_problem(type_at, type);
     if (!type_problem.empty()) return "an attribute of " + type_problem;
+    // HDF5 decodes the datatype's 8-byte header and the dataspace's dimensions whatever sizes
+    // the message gives them, then copies as many bytes of values as they make (found by
+    // fuzzing: a 4-byte dataspace of rank 1, its dimension read from the bytes after it).
+    if (type < 8) return "an attribute whose datatype does not fit its message";
     const int64_t elements = dataspace_elements(space_at, space);
-    if (elements < 0 || type < 8) return "";
+    if (elements < 0) return "an attribute whose dataspace does not fit its message";
     const uint64_t element = datatype_size(type_at);
     const uint64_t data = size - needed;
     if (element != 0 && static_cast<uint64_t>(elements) > data / element)

@@ -97,6 +97,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-fill-value-longer-than-message",
          "corrupt object header (a fill value message too short)"},
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
+        {"hdf5-attribute-dataspace-short",
+         "cannot read attribute 'format': corrupt object header (an attribute whose dataspace does "
+         "not fit its message)"},
         {"hdf5-dense-attribute-heap-id-length",
          "cannot open group '/model': corrupt object header (an attribute message larger than its "
          "space)"},
