@@ -273,6 +273,8 @@ uint64_t datatype_size(const unsigned char* type) {
 // typed 14 bytes, read 16 past its message).
 std::string datatype_problem(const unsigned char* type, std::size_t size) {
     if (size == 0) return "";  // HDF5 refuses an empty datatype message itself
+    // HDF5 decodes a datatype's 8-byte header (class, bits, size) whatever the message's size.
+    if (size < 8) return "a datatype that does not fit its message";
     const unsigned type_class = type[0] & 0x0f;
     // The format's values are numbers and strings. HDF5 decodes the member names of compound
     // and enumeration types, and an opaque type's tag, with strdup, unbounded.
@@ -313,7 +315,8 @@ int64_t dataspace_elements(const unsigned char* space, std::size_t size) {
     const unsigned rank = space[1];
     if (space[0] == 2 && space[3] == 2) return 0;
     const std::size_t first = space[0] == 1 ? 8 : 4;
-    if (size < first + 8 * std::size_t{rank}) return -1;
+    const bool has_max = (space[2] & 1) != 0;  // maximum dimensions follow the dimensions
+    if (size < first + (has_max ? 16 : 8) * std::size_t{rank}) return -1;
     uint64_t count = 1;
     for (unsigned i = 0; i < rank; ++i) {
         const uint64_t dim = load_le(space + first + 8 * i, 8);
@@ -680,8 +683,10 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                 dims.push_back(load_le(&d[first + (has_max ? rank + i : i) * 8], 8));
         }
     }
-    if (!dataspace || (dims.empty() && dataspace->data.size() >= 2 && dataspace->data[1] > 0))
-        return "";
+    if (!dataspace) return "";
+    // HDF5 reads the dimensions a dataspace's rank says, whether or not its message holds them.
+    if (dataspace->data.size() < 4 || (dims.empty() && dataspace->data[1] > 0))
+        return "a dataspace whose dimensions do not fit its message";
     if (layout_class == 1 && l.size() >= 18 && datatype && datatype->data.size() >= 8) {
         // Contiguous: address (8), size (8). The stored bytes hold the shape's, as a compact
         // dataset's must (checked below): a reader copies the shape's bytes out of them.

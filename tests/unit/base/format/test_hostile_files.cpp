@@ -167,3 +167,20 @@ TEST_CASE("a filter name without its terminating zero is refused") {
     at[3] = 'x';
     CHECK_THAT(errors_after_repair(bytes), Catch::Contains("a filter whose name has no end"));
 }
+
+TEST_CASE("a dataspace whose rank needs more bytes than its message has is refused") {
+    // good/0001_minimal.kvc's keys and values: dataspace version 2, rank 4, maximum dimensions
+    // given, simple (68 bytes), their rank made 5 (84 bytes), checksums recomputed: HDF5 would
+    // read the last dimensions from the bytes after the message.
+    std::vector<uint8_t> bytes =
+        read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0001_minimal.kvc");
+    const std::vector<uint8_t> dataspace = {0x02, 0x04, 0x01, 0x01};
+    int changed = 0;
+    for (auto at = bytes.begin();
+         (at = std::search(at, bytes.end(), dataspace.begin(), dataspace.end())) != bytes.end();
+         ++at, ++changed)
+        at[1] = 0x05;
+    REQUIRE(changed == 2);
+    CHECK_THAT(errors_after_repair(bytes),
+               Catch::Contains("a dataspace whose dimensions do not fit its message"));
+}
