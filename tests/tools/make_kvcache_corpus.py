@@ -343,6 +343,18 @@ def replace_positions(path, ordinal, stored_chunk=None, **filters):
         dataset.id.write_direct_chunk((0,), stored_chunk(shuffled))
 
 
+def unwrite_keys(path, ordinal):
+    """Recreates packet `ordinal`'s keys with their shape, type and filters but no chunk
+    written (HDF5 would read its fill value, zeros)."""
+    with h5py.File(path, "r+") as f:
+        group = f["packets/%08d" % ordinal]
+        keys = group["keys"]
+        shape, dtype, chunks = keys.shape, keys.dtype, keys.chunks
+        del group["keys"]
+        group.create_dataset("keys", shape=shape, dtype=dtype, chunks=chunks, fletcher32=True,
+                             compression=ZSTD, compression_opts=(3,), shuffle=True)
+
+
 def with_fletcher32(data):
     return data + hdf5_fletcher32(data).to_bytes(4, "little")
 
@@ -695,6 +707,12 @@ def main():
            "32000, which kvtools does not read (it reads shuffle, deflate, zstd and Fletcher32)",
            after=lambda path: replace_positions(
                path, 1, None, compression="lzf"))
+    # A tensor's shape is read from metadata a crafted file controls: memory is set aside for it
+    # only when the stored bytes could hold it (found by fuzzing: 9.6 GB asked of a 54 KB file).
+    broken("0040_keys_never_written",
+           "doc-2's keys have their shape, type and filters but no chunk was ever written",
+           "*: packet 'doc-2': 'keys' stores no values (the dataset was never written)",
+           after=lambda path: unwrite_keys(path, 1))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

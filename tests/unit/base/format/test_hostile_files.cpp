@@ -97,6 +97,10 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
         {"hdf5-fill-value-longer-than-message",
          "corrupt object header (a fill value message too short)"},
         {"hdf5-dense-attribute-message-overflow", "an attribute message larger than its space"},
+        // 16,711,682 layers in /model, keys of 2: 9.6 GB were set aside before the shape was
+        // compared with the dataset's.
+        {"packet-tensor-shape-allocated-before-checked",
+         "'keys' has shape [2, 2, 18, 4], expected [16711682, 2, 18, 4]"},
         {"hdf5-attribute-dataspace-short",
          "cannot read attribute 'format': corrupt object header (an attribute whose dataspace does "
          "not fit its message)"},
