@@ -343,15 +343,15 @@ def replace_positions(path, ordinal, stored_chunk=None, **filters):
         dataset.id.write_direct_chunk((0,), stored_chunk(shuffled))
 
 
-def unwrite_keys(path, ordinal):
-    """Recreates packet `ordinal`'s keys with their shape, type and filters but no chunk
+def unwrite(path, ordinal, name):
+    """Recreates packet `ordinal`'s dataset `name` with its shape, type and filters but no chunk
     written (HDF5 would read its fill value, zeros)."""
     with h5py.File(path, "r+") as f:
         group = f["packets/%08d" % ordinal]
-        keys = group["keys"]
-        shape, dtype, chunks = keys.shape, keys.dtype, keys.chunks
-        del group["keys"]
-        group.create_dataset("keys", shape=shape, dtype=dtype, chunks=chunks, fletcher32=True,
+        old = group[name]
+        shape, dtype, chunks = old.shape, old.dtype, old.chunks
+        del group[name]
+        group.create_dataset(name, shape=shape, dtype=dtype, chunks=chunks, fletcher32=True,
                              compression=ZSTD, compression_opts=(3,), shuffle=True)
 
 
@@ -712,7 +712,11 @@ def main():
     broken("0040_keys_never_written",
            "doc-2's keys have their shape, type and filters but no chunk was ever written",
            "*: packet 'doc-2': 'keys' stores no values (the dataset was never written)",
-           after=lambda path: unwrite_keys(path, 1))
+           after=lambda path: unwrite(path, 1, "keys"))
+    broken("0041_positions_never_written",
+           "doc-2's positions have their shape, type and filters but no chunk was ever written",
+           "*: packet 'doc-2': 'positions' stores no values (the dataset was never written)",
+           after=lambda path: unwrite(path, 1, "positions"))
 
     with open(os.path.join(OUT, "expected.tsv"), "w") as stream:
         stream.write("# file\texpected exit of 'kvinspect check'\texpected stderr (bash glob)\n")

@@ -668,19 +668,10 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
         Handle type(H5Dget_type(dataset.get()), H5Tclose);
         const H5T_class_t type_class = H5Tget_class(type.get());
         const std::size_t size = H5Tget_size(type.get());
-        // The tensor's bytes come out of what the file stores for it, and none of the format's
-        // filters makes more than 32,768 bytes of one (zstd's run-length blocks, 4 bytes for
-        // 128 KiB): a shape the stored bytes cannot hold is refused before memory is set aside
-        // for it (found by fuzzing: 9.6 GB asked of a 54 KB file).
-        const double logical = static_cast<double>(m.num_layers) * m.num_kv_heads *
-                               static_cast<double>(tokens) * m.head_dim * size;
-        const double stored = static_cast<double>(H5Dget_storage_size(dataset.get()));
-        if (logical > 0 && stored == 0)
-            in.fail(kv::quoted(name) + " stores no values (the dataset was never written)");
-        if (logical > stored * 32768.0)
-            in.fail(kv::quoted(name) + " would be " + kv::human_size(logical) + " of " +
-                    std::to_string(size) + "-byte values, more than its " +
-                    std::to_string(static_cast<uint64_t>(stored)) + " stored bytes can hold");
+        in.require_stored(dataset.get(),
+                          static_cast<double>(m.num_layers) * m.num_kv_heads *
+                              static_cast<double>(tokens) * m.head_dim * size,
+                          name);
         hid_t memory_type = H5T_NATIVE_FLOAT;
         bool matches = false;
         switch (m.dtype) {

@@ -8,6 +8,7 @@
 #include "hdf5_zstd.hpp"
 #include "kv/error.hpp"
 #include "kv/format/cache_writer.hpp"
+#include "kv/memory.hpp"
 
 #include <hdf5.h>
 
@@ -110,6 +111,19 @@ class FileReader {
     }
     [[noreturn]] void fail_hdf5(const std::string& what) const {
         throw FormatError(source_ + ": " + what + ": " + hdf5_error_detail());
+    }
+
+    /// Fails unless `dataset`'s stored bytes can hold `bytes` of values: a dataset's shape is
+    /// metadata a crafted file controls, and none of the format's filters makes more than 32,768
+    /// bytes of one stored byte (zstd's run-length blocks, 4 bytes for 128 KiB). Called before
+    /// memory is set aside for the values (found by fuzzing: 9.6 GB asked of a 54 KB file).
+    void require_stored(hid_t dataset, double bytes, const std::string& what) const {
+        const double stored = static_cast<double>(H5Dget_storage_size(dataset));
+        if (bytes > 0 && stored == 0)
+            fail(kv::quoted(what) + " stores no values (the dataset was never written)");
+        if (bytes > stored * 32768.0)
+            fail(kv::quoted(what) + " would be " + kv::human_size(bytes) + ", more than its " +
+                 std::to_string(static_cast<uint64_t>(stored)) + " stored bytes can hold");
     }
 
     Handle open_group(hid_t parent, const std::string& name, const std::string& where) const {
@@ -327,6 +341,7 @@ class FileReader {
                  " is " + std::to_string(*length));
         Handle type(H5Dget_type(dataset.get()), H5Tclose);
         if (H5Tget_class(type.get()) != H5T_INTEGER) fail(kv::quoted(what) + " is not integer");
+        require_stored(dataset.get(), static_cast<double>(dims[0]) * H5Tget_size(type.get()), what);
         std::vector<int64_t> values(dims[0]);
         if (!values.empty() && read_dataset(dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL,
                                             H5P_DEFAULT, values.data()) < 0)
@@ -381,6 +396,7 @@ class FileReader {
         for (hsize_t dim : dims)
             count *= static_cast<std::size_t>(dim);
         if (count > memory_bytes() / (4 * sizeof(T))) fail(kv::quoted(what) + " is too large");
+        require_stored(dataset.get(), static_cast<double>(count) * sizeof(T), what);
         std::vector<T> values(count);
         if (count > 0 && read_dataset(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                                       values.data()) < 0)
