@@ -106,7 +106,10 @@ uint32_t fletcher32(const std::byte* data, std::size_t bytes) {
     return sum.value();
 }
 
-bool fletcher32_matches(uint32_t stored, uint32_t computed) {
+bool fletcher32_matches(const void* stored_bytes, uint32_t computed) {
+    const auto* bytes = static_cast<const unsigned char*>(stored_bytes);
+    const uint32_t stored = uint32_t{bytes[0]} | uint32_t{bytes[1]} << 8 |
+                            uint32_t{bytes[2]} << 16 | uint32_t{bytes[3]} << 24;
     const uint32_t reversed = ((computed & 0x00ff00ffu) << 8) | ((computed >> 8) & 0x00ff00ffu);
     return stored == computed || stored == reversed;
 }
@@ -273,14 +276,6 @@ bool read_summed(const RawSource& raw, uint64_t at, std::size_t bytes, std::byte
     return true;
 }
 
-bool read_checksum(const RawSource& raw, uint64_t at, uint32_t& stored) {
-    unsigned char bytes[4];
-    if (!raw.read(at, 4, bytes)) return false;
-    stored = uint32_t{bytes[0]} | uint32_t{bytes[1]} << 8 | uint32_t{bytes[2]} << 16 |
-             uint32_t{bytes[3]} << 24;
-    return true;
-}
-
 }  // namespace
 
 bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t element_size,
@@ -383,18 +378,15 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
                     return false;
                 std::memcpy(out, whole, out_bytes);
             }
-            uint32_t stored = 0;
-            return !summed || (read_checksum(raw, chunk.address + chunk_bytes, stored) &&
+            unsigned char stored[4];
+            return !summed || (raw.read(chunk.address + chunk_bytes, 4, stored) &&
                                fletcher32_matches(stored, sum.value()));
         }
         // Checked as stored, then decompressed, then unshuffled into the tensor.
         std::byte* bytes = worker.stored.get(std::max<std::size_t>(chunk.size, 1));
         if (!raw.read(chunk.address, static_cast<std::size_t>(chunk.size), bytes)) return false;
-        if (summed) {
-            uint32_t stored = 0;
-            std::memcpy(&stored, bytes + payload, 4);  // little-endian, as this machine
-            if (!fletcher32_matches(stored, fletcher32(bytes, payload))) return false;
-        }
+        if (summed && !fletcher32_matches(bytes + payload, fletcher32(bytes, payload)))
+            return false;
         const std::byte* plain = bytes;
         if (compressed) {
             // Straight into the tensor when nothing follows and the chunk is whole.

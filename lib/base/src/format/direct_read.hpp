@@ -32,9 +32,9 @@ class Fletcher32 {
 };
 /// The checksum of `bytes` at once.
 uint32_t fletcher32(const std::byte* data, std::size_t bytes);
-/// Whether `stored` (the 4 bytes after a chunk, little-endian) is `computed` as HDF5 accepts it
-/// (also byte-swapped within each half, as HDF5 before 1.6.3 wrote it).
-bool fletcher32_matches(uint32_t stored, uint32_t computed);
+/// Whether `stored`, the 4 bytes after a chunk (the checksum, little-endian), hold `computed` as
+/// HDF5 accepts it (also byte-swapped within each half, as HDF5 before 1.6.3 wrote it).
+bool fletcher32_matches(const void* stored, uint32_t computed);
 
 /// HDF5's byte unshuffle of `elements` values of `size` bytes: byte b of value i is at
 /// input[b * total + i], for the first `elements` of `total` values.

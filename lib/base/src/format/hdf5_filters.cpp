@@ -118,10 +118,7 @@ std::size_t fletcher32_filter(unsigned flags, std::size_t, const unsigned[], std
         if (nbytes < 4) return refuse("a chunk too short for its Fletcher32 checksum");
         const std::size_t data = nbytes - 4;
         if (!(flags & H5Z_FLAG_SKIP_EDC)) {
-            const uint32_t stored = uint32_t{input[data]} | uint32_t{input[data + 1]} << 8 |
-                                    uint32_t{input[data + 2]} << 16 |
-                                    uint32_t{input[data + 3]} << 24;
-            if (!fletcher32_matches(stored,
+            if (!fletcher32_matches(input + data,
                                     fletcher32(reinterpret_cast<const std::byte*>(input), data)))
                 return refuse("data error detected by Fletcher32 checksum");
         }

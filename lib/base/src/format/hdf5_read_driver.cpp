@@ -687,25 +687,19 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
     // HDF5 reads the dimensions a dataspace's rank says, whether or not its message holds them.
     if (dataspace->data.size() < 4 || (dims.empty() && dataspace->data[1] > 0))
         return "a dataspace whose dimensions do not fit its message";
-    if (layout_class == 1 && l.size() >= 18 && datatype && datatype->data.size() >= 8) {
-        // Contiguous: address (8), size (8). The stored bytes hold the shape's, as a compact
-        // dataset's must (checked below): a reader copies the shape's bytes out of them.
-        const int64_t elements = dataspace_elements(dataspace->data.data(), dataspace->data.size());
-        const uint64_t element = datatype_size(datatype->data.data());
-        const uint64_t needed =
-            elements < 0 ? 0
-            : element != 0 && static_cast<uint64_t>(elements) > UINT64_MAX / element
-                ? UINT64_MAX
-                : static_cast<uint64_t>(elements) * element;
-        if (load_le(&l[2], 8) != UINT64_MAX && load_le(&l[10], 8) < needed)
-            return "a contiguous dataset with fewer bytes than its shape needs";
-    }
+    // The bytes the shape needs (saturating), which contiguous and compact storage must hold: a
+    // reader copies that many out of them.
+    uint64_t needed =
+        datatype && datatype->data.size() >= 8 ? datatype_size(datatype->data.data()) : 0;
+    for (uint64_t dim : dims)
+        needed = dim != 0 && needed > UINT64_MAX / dim ? UINT64_MAX : needed * dim;
+    // Contiguous: address (8), size (8).
+    if (layout_class == 1 && l.size() >= 18 && load_le(&l[2], 8) != UINT64_MAX &&
+        load_le(&l[10], 8) < needed)
+        return "a contiguous dataset with fewer bytes than its shape needs";
     if (layout_class == 0 && l.size() >= 4 && datatype && datatype->data.size() >= 8) {
         // Compact: size (2 bytes), then the data. Variable-length types (class 9) store heap ids.
         const unsigned type_class = datatype->data[0] & 0x0f;
-        uint64_t needed = load_le(&datatype->data[4], 4);
-        for (uint64_t dim : dims)
-            needed = dim != 0 && needed > UINT64_MAX / dim ? UINT64_MAX : needed * dim;
         const uint64_t stored = load_le(&l[2], 2);
         if (type_class != 9 && (stored < needed || l.size() < 4 + stored))
             return "a compact dataset with fewer bytes than its shape needs";
