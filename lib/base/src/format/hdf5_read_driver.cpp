@@ -687,12 +687,15 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
     // HDF5 reads the dimensions a dataspace's rank says, whether or not its message holds them.
     if (dataspace->data.size() < 4 || (dims.empty() && dataspace->data[1] > 0))
         return "a dataspace whose dimensions do not fit its message";
-    // The bytes the shape needs (saturating), which contiguous and compact storage must hold: a
-    // reader copies that many out of them.
-    uint64_t needed =
+    // The bytes the dataset's current extent needs (saturating; the dimensions, not `dims`' maximum
+    // ones, are what a reader copies), which contiguous and compact storage must hold.
+    const int64_t elements = dataspace_elements(dataspace->data.data(), dataspace->data.size());
+    const uint64_t element =
         datatype && datatype->data.size() >= 8 ? datatype_size(datatype->data.data()) : 0;
-    for (uint64_t dim : dims)
-        needed = dim != 0 && needed > UINT64_MAX / dim ? UINT64_MAX : needed * dim;
+    const uint64_t needed = elements < 0 ? UINT64_MAX
+                            : element != 0 && static_cast<uint64_t>(elements) > UINT64_MAX / element
+                                ? UINT64_MAX
+                                : static_cast<uint64_t>(elements) * element;
     // Contiguous: address (8), size (8).
     if (layout_class == 1 && l.size() >= 18 && load_le(&l[2], 8) != UINT64_MAX &&
         load_le(&l[10], 8) < needed)
@@ -705,8 +708,6 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
             return "a compact dataset with fewer bytes than its shape needs";
         if (base == 0 && is_vlen_string(datatype->data.data(), datatype->data.size()) &&
             datatype_size(datatype->data.data()) == 16) {
-            const int64_t elements =
-                dataspace_elements(dataspace->data.data(), dataspace->data.size());
             if (elements < 0 || l.size() < 4 + stored ||
                 static_cast<uint64_t>(elements) > stored / 16)
                 return "a compact dataset with fewer bytes than its shape needs";
