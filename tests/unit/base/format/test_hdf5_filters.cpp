@@ -37,7 +37,7 @@ Pass run(const H5Z_class2_t& filter, unsigned flags, std::vector<unsigned> value
          const std::vector<unsigned char>& input) {
     std::size_t size = std::max<std::size_t>(input.size(), 1);
     void* buffer = H5allocate_memory(size, false);
-    std::memcpy(buffer, input.data(), input.size());
+    if (!input.empty()) std::memcpy(buffer, input.data(), input.size());
     const std::size_t result =
         filter.filter(flags, values.size(), values.data(), input.size(), &size, &buffer);
     Pass pass;

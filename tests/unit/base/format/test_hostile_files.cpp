@@ -56,7 +56,8 @@ std::string errors_after_repair(std::vector<uint8_t> bytes) {
 
 }  // namespace
 
-TEST_CASE("the checksum repair leaves sound files as they are and restores every checksum") {
+TEST_CASE("the checksum repair leaves sound files as they are and restores every checksum",
+          "[hostile]") {
     int files = 0;
     for (const auto& entry : std::filesystem::directory_iterator(
              std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good")) {
@@ -78,7 +79,7 @@ TEST_CASE("the checksum repair leaves sound files as they are and restores every
     CHECK(files >= 15);
 }
 
-TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
+TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[hostile]") {
     const std::filesystem::path folder =
         std::filesystem::path(KV_TEST_DATA_DIR) / "../fuzz/regressions/cache_file";
     const std::pair<const char*, const char*> cases[] = {
@@ -143,7 +144,7 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed") {
     }
 }
 
-TEST_CASE("a number type whose bits lie outside its bytes is refused") {
+TEST_CASE("a number type whose bits lie outside its bytes is refused", "[hostile]") {
     // good/0001_minimal.kvc's 8-byte signed integer attributes (class 0, version 1, signed, 8
     // bytes, bit offset 0, precision 64), their precision made 72, checksums recomputed.
     std::vector<uint8_t> bytes =
@@ -160,7 +161,7 @@ TEST_CASE("a number type whose bits lie outside its bytes is refused") {
                Catch::Contains("a number of 8 bytes whose 72 bits start at bit 0"));
 }
 
-TEST_CASE("a filter name without its terminating zero is refused") {
+TEST_CASE("a filter name without its terminating zero is refused", "[hostile]") {
     // broken/0039's LZF filter (version 2 pipeline: id 32000, name length 4, "lzf\0"), its zero
     // made an 'x', checksums recomputed: HDF5 would size the name with strlen.
     std::vector<uint8_t> bytes = read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) /
@@ -172,7 +173,7 @@ TEST_CASE("a filter name without its terminating zero is refused") {
     CHECK_THAT(errors_after_repair(bytes), Catch::Contains("a filter whose name has no end"));
 }
 
-TEST_CASE("a dataspace whose rank needs more bytes than its message has is refused") {
+TEST_CASE("a dataspace whose rank needs more bytes than its message has is refused", "[hostile]") {
     // good/0001_minimal.kvc's keys and values: dataspace version 2, rank 4, maximum dimensions
     // given, simple (68 bytes), their rank made 5 (84 bytes), checksums recomputed: HDF5 would
     // read the last dimensions from the bytes after the message.
