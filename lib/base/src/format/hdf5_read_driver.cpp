@@ -234,6 +234,14 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
             messages.push_back(
                 {type, flags,
                  std::vector<unsigned char>(chunk.begin() + data, chunk.begin() + data + size)});
+            // HDF5 decodes a continuation's 16 bytes whatever the message's size, and allocates
+            // the chunk they describe before reading it (found by fuzzing: a 0-byte continuation
+            // whose next message's bytes made 4 GiB). Damage in a version-2 header or in a chunk
+            // a continuation led to, where look-alike bytes cannot be the cause.
+            if (type == 0x10 && size < 16 && (v2 || next > 0)) {
+                damage = "a continuation message too short";
+                return false;
+            }
             if (type == 0x10 && size >= 16) {  // continuation: address, length
                 const uint64_t bytes = load_le(&chunk[data + 8], 8);
                 const uint64_t where = load_le(&chunk[data], 8);

@@ -102,6 +102,9 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         // compared with the dataset's.
         {"packet-tensor-shape-allocated-before-checked",
          "'keys' has shape [2, 2, 18, 4], expected [16711682, 2, 18, 4]"},
+        {"hdf5-continuation-message-short",
+         "cannot open group '/packets/00000001': corrupt object header (a continuation message "
+         "too short)"},
         {"hdf5-attribute-dataspace-short",
          "cannot read attribute 'format': corrupt object header (an attribute whose dataspace does "
          "not fit its message)"},
