@@ -133,8 +133,9 @@ KV_AVX512_BW inline void store16(std::byte* p, bool bf16, __m512 v, __mmask16 la
 // as the scalar loop rounds it (separate multiplies and adds, no fused multiply-add), so the bits
 // are the same. Half-split rows pair value i with i + half; interleaved rows pair 2i with 2i + 1,
 // done as row * [c, c] + swapped * [-s, s] (x c + (-(y s)) is x c - y s exactly).
-KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t rows, std::size_t half,
-                                     bool interleaved, const float* cosines, const float* sines) {
+KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t rows,
+                                     std::size_t row_stride, std::size_t half, bool interleaved,
+                                     const float* cosines, const float* sines) {
     const std::size_t element = bf16 ? 2 : 4, dim = 2 * half;
     if (interleaved) {
         std::vector<float> pair_cosines(dim), pair_sines(dim);
@@ -144,7 +145,7 @@ KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t row
             pair_sines[2 * i + 1] = sines[i];
         }
         for (std::size_t r = 0; r < rows; ++r) {
-            std::byte* row = keys + r * dim * element;
+            std::byte* row = keys + r * row_stride;
             for (std::size_t d = 0; d < dim; d += 16) {
                 const __mmask16 lanes = first_lanes(dim - d);
                 const __m512 v = load16(row + d * element, bf16, lanes);
@@ -158,7 +159,7 @@ KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t row
         return;
     }
     for (std::size_t r = 0; r < rows; ++r) {
-        std::byte* row = keys + r * dim * element;
+        std::byte* row = keys + r * row_stride;
         for (std::size_t i = 0; i < half; i += 16) {
             const __mmask16 lanes = first_lanes(half - i);
             const __m512 x = load16(row + i * element, bf16, lanes);
@@ -182,37 +183,44 @@ bool has_avx512() {
 
 }  // namespace
 
+void rotate_rows(std::byte* keys, CacheDtype dtype, std::size_t rows, std::size_t row_stride,
+                 RopeLayout layout, std::size_t half, const float* cosines, const float* sines) {
+    const bool interleaved = layout == RopeLayout::interleaved;
+#if defined(__x86_64__)
+    // A packet's keys go through here at every realignment (1 GiB for 32k tokens of a 1B model):
+    // scalar, with a dtype switch per value, that was ~2 s.
+    if (dtype != CacheDtype::f16 && has_avx512())
+        return rotate_rows_avx512(keys, dtype == CacheDtype::bf16, rows, row_stride, half,
+                                  interleaved, cosines, sines);
+#endif
+    const std::size_t dim = 2 * half;
+    std::vector<float> row(dim);
+    for (std::size_t r = 0; r < rows; ++r) {
+        std::byte* values = keys + r * row_stride;
+        for (std::size_t d = 0; d < dim; ++d)
+            row[d] = load_float(values, dtype, d);
+        for (std::size_t i = 0; i < half; ++i) {
+            const std::size_t a = interleaved ? 2 * i : i;
+            const std::size_t b = interleaved ? 2 * i + 1 : i + half;
+            const float x = row[a], y = row[b];
+            store_float(values, dtype, a, x * cosines[i] - y * sines[i]);
+            store_float(values, dtype, b, y * cosines[i] + x * sines[i]);
+        }
+    }
+}
+
 void rotate_keys(std::byte* keys, CacheDtype dtype, std::size_t rows, const RopeSettings& rope,
                  int64_t delta) {
     if (delta == 0) return;
     const std::size_t half = rope.inverse_frequencies.size();
-    const std::size_t dim = 2 * half;
-    std::vector<float> cosines(half), sines(half), row(dim);
+    std::vector<float> cosines(half), sines(half);
     for (std::size_t i = 0; i < half; ++i) {
         const float angle = static_cast<float>(delta) * rope.inverse_frequencies[i];
         cosines[i] = cosf(angle);
         sines[i] = sinf(angle);
     }
-    const bool interleaved = rope.layout == RopeLayout::interleaved;
-#if defined(__x86_64__)
-    // A packet's keys go through here at every realignment (1 GiB for 32k tokens of a 1B model):
-    // scalar, with a dtype switch per value, that was ~2 s.
-    if (dtype != CacheDtype::f16 && has_avx512())
-        return rotate_rows_avx512(keys, dtype == CacheDtype::bf16, rows, half, interleaved,
-                                  cosines.data(), sines.data());
-#endif
-    for (std::size_t r = 0; r < rows; ++r) {
-        const std::size_t base = r * dim;
-        for (std::size_t d = 0; d < dim; ++d)
-            row[d] = load_float(keys, dtype, base + d);
-        for (std::size_t i = 0; i < half; ++i) {
-            const std::size_t a = interleaved ? 2 * i : i;
-            const std::size_t b = interleaved ? 2 * i + 1 : i + half;
-            const float x = row[a], y = row[b];
-            store_float(keys, dtype, base + a, x * cosines[i] - y * sines[i]);
-            store_float(keys, dtype, base + b, y * cosines[i] + x * sines[i]);
-        }
-    }
+    rotate_rows(keys, dtype, rows, 2 * half * cache_dtype_size(dtype), rope.layout, half,
+                cosines.data(), sines.data());
 }
 
 }  // namespace kv

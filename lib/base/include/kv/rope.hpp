@@ -33,6 +33,13 @@ RopeSettings rope_settings(const CacheModelInfo& model);
 std::string rope_scaling_to_json(const RopeScaling& scaling);
 RopeScaling rope_scaling_from_json(const std::string& text);
 
+/// Rotates `rows` rows of 2 * half values each (stored in `dtype`, `row_stride` bytes apart) in
+/// place by the angles whose cosines and sines are given (half of each): x cos - y sin and
+/// y cos + x sin, each product and difference rounded to float32, one rounding back to the dtype.
+/// An angle of 0 is rotated too (-0 and infinities are not left as they were by it).
+void rotate_rows(std::byte* keys, CacheDtype dtype, std::size_t rows, std::size_t row_stride,
+                 RopeLayout layout, std::size_t half, const float* cosines, const float* sines);
+
 /// Rotates `rows` keys of head_dim values each (stored in `dtype`) by `delta` positions in
 /// place: R(p) k becomes R(p + delta) k. Angles and products in float32, one rounding back to
 /// the dtype, as the runtime's Rope::shift does.

@@ -14,12 +14,60 @@
 
 namespace kv {
 
+namespace {
+
+// Whether rms_norm's scaling can run as one loop over host memory: f32 or bf16 rows with a
+// weight of their dtype, nothing autograd must see.
+bool rms_scaling_on_host(const torch::Tensor& x, const torch::Tensor& weight) {
+    if (!x.device().is_cpu() || !weight.device().is_cpu() || x.dim() < 1) return false;
+    if (x.scalar_type() != torch::kFloat32 && x.scalar_type() != torch::kBFloat16) return false;
+    if (weight.scalar_type() != x.scalar_type() || weight.dim() != 1 ||
+        weight.size(0) != x.size(-1) || !weight.is_contiguous())
+        return false;
+    return !at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad());
+}
+
+}  // namespace
+
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
     // At least float32 (bf16 sums drift), float64 kept for gradient checks.
     const torch::Tensor x32 =
         x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
-    const torch::Tensor inverse_rms = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    return (x32 * inverse_rms).to(x.scalar_type()) * weight;
+    const torch::Tensor mean_square = x32.pow(2).mean(-1, /*keepdim=*/true);
+    if (!rms_scaling_on_host(x, weight))
+        return (x32 * torch::rsqrt(mean_square + eps)).to(x.scalar_type()) * weight;
+    // The same arithmetic as those five libtorch operations (each ~1 us at a decoding step's
+    // sizes, 9 norms a step), in their order and roundings: the mean square plus eps in float32,
+    // 1 / sqrt, each product rounded to float32, then to x's dtype, then times the weight (in
+    // float32, rounded to the dtype). The mean itself stays libtorch's: its summation order.
+    const torch::Tensor rows = x32.contiguous();
+    const torch::Tensor squares = mean_square.contiguous();
+    torch::Tensor out =
+        torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+    const int64_t width = x.size(-1), count = width == 0 ? 0 : rows.numel() / width;
+    const float epsilon = static_cast<float>(eps);
+    const float* in = rows.data_ptr<float>();
+    const float* mean = squares.data_ptr<float>();
+    const bool bf16 = x.scalar_type() == torch::kBFloat16;
+    for (int64_t r = 0; r < count; ++r) {
+        const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
+        const float* row = in + r * width;
+        if (bf16) {
+            const auto* w = weight.data_ptr<at::BFloat16>();
+            at::BFloat16* y = out.data_ptr<at::BFloat16>() + r * width;
+            for (int64_t i = 0; i < width; ++i)
+                y[i] = at::BFloat16(static_cast<float>(at::BFloat16(row[i] * inverse)) *
+                                    static_cast<float>(w[i]));
+        } else {
+            const float* w = weight.data_ptr<float>();
+            float* y = out.data_ptr<float>() + r * width;
+            for (int64_t i = 0; i < width; ++i) {
+                const float scaled = row[i] * inverse;
+                y[i] = scaled * w[i];
+            }
+        }
+    }
+    return out;
 }
 
 namespace {
@@ -67,10 +115,76 @@ std::vector<float> rope_inverse_frequencies(const ModelConfig& config) {
     return rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling);
 }
 
+namespace {
+
+// The dtype rotate_keys turns a host tensor's rows in; none for dtypes it does not know.
+std::optional<CacheDtype> rotatable_dtype(const torch::Tensor& x) {
+    switch (x.scalar_type()) {
+        case torch::kFloat32:
+            return CacheDtype::f32;
+        case torch::kBFloat16:
+            return CacheDtype::bf16;
+        case torch::kFloat16:
+            return CacheDtype::f16;
+        default:
+            return std::nullopt;
+    }
+}
+
+}  // namespace
+
 Rope::Rope(const ModelConfig& config)
     : layout_(config.rope_layout), inverse_frequencies_(rope_inverse_frequencies(config)) {}
 
+namespace {
+
+// The angle table, built on the host with float arithmetic (angle = position * frequency, then
+// cosf/sinf), exactly as llama2.c's run.c does, so greedy decoding matches it.
+void angle_table(const std::vector<float>& inverse_frequencies, const int64_t* positions,
+                 int64_t count, float* cosines, float* sines) {
+    const auto half = static_cast<int64_t>(inverse_frequencies.size());
+    for (int64_t t = 0; t < count; ++t)
+        for (int64_t i = 0; i < half; ++i) {
+            const float angle =
+                static_cast<float>(positions[t]) * inverse_frequencies[static_cast<std::size_t>(i)];
+            cosines[t * half + i] = cosf(angle);
+            sines[t * half + i] = sinf(angle);
+        }
+}
+
+}  // namespace
+
 torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions) const {
+    // A decoding step rotates each layer's queries and keys of one token: through libtorch that
+    // was some fifteen operations, ~10 us, a sixth of the demo model's step.
+    const std::optional<CacheDtype> dtype = rotatable_dtype(x);
+    const auto half = static_cast<int64_t>(inverse_frequencies_.size());
+    if (!x.device().is_cpu() || !dtype || x.dim() < 2 || x.size(-1) != 2 * half ||
+        (at::GradMode::is_enabled() && x.requires_grad()))
+        return apply_with_tensors(x, positions);
+    const torch::Tensor positions_cpu = positions.to(torch::kCPU, torch::kInt64).contiguous();
+    const int64_t count = positions_cpu.numel();
+    if (x.size(-2) != count) throw Error("rope: positions do not match the token count");
+    std::vector<float> cosines(static_cast<std::size_t>(count * half));
+    std::vector<float> sines(cosines.size());
+    angle_table(inverse_frequencies_, positions_cpu.data_ptr<int64_t>(), count, cosines.data(),
+                sines.data());
+    torch::Tensor rotated = x.clone(at::MemoryFormat::Contiguous);
+    if (rotated.numel() == 0) return rotated;
+    // Token t's rows, one per [T, head_dim] block, are a block apart.
+    const std::size_t row_bytes = static_cast<std::size_t>(2 * half) * rotated.element_size();
+    const auto blocks = static_cast<std::size_t>(rotated.numel() / (count * 2 * half));
+    auto* base = static_cast<std::byte*>(rotated.data_ptr());
+    for (int64_t t = 0; t < count; ++t)
+        rotate_rows(base + static_cast<std::size_t>(t) * row_bytes, *dtype, blocks,
+                    static_cast<std::size_t>(count) * row_bytes, layout_,
+                    static_cast<std::size_t>(half), cosines.data() + t * half,
+                    sines.data() + t * half);
+    return rotated;
+}
+
+torch::Tensor Rope::apply_with_tensors(const torch::Tensor& x,
+                                       const torch::Tensor& positions) const {
     const int64_t half = static_cast<int64_t>(inverse_frequencies_.size());
     if (x.size(-1) != 2 * half)
         throw Error("rope: head dimension " + std::to_string(x.size(-1)) + " does not match " +
@@ -79,19 +193,10 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
     const int64_t count = positions_cpu.numel();
     if (x.size(-2) != count) throw Error("rope: positions do not match the token count");
 
-    // The angle table is built on the host with float arithmetic (angle = position * frequency,
-    // then cosf/sinf), exactly as llama2.c's run.c does, so greedy decoding matches it.
     torch::Tensor cos_table = torch::empty({count, half}, torch::kFloat32);
     torch::Tensor sin_table = torch::empty({count, half}, torch::kFloat32);
-    const int64_t* position = positions_cpu.data_ptr<int64_t>();
-    float* cos_out = cos_table.data_ptr<float>();
-    float* sin_out = sin_table.data_ptr<float>();
-    for (int64_t t = 0; t < count; ++t)
-        for (int64_t i = 0; i < half; ++i) {
-            const float angle = static_cast<float>(position[t]) * inverse_frequencies_[i];
-            cos_out[t * half + i] = cosf(angle);
-            sin_out[t * half + i] = sinf(angle);
-        }
+    angle_table(inverse_frequencies_, positions_cpu.data_ptr<int64_t>(), count,
+                cos_table.data_ptr<float>(), sin_table.data_ptr<float>());
     // At least float32 (bf16 rotations drift), float64 kept for gradient checks.
     const torch::ScalarType math =
         x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
@@ -117,30 +222,12 @@ torch::Tensor Rope::apply(const torch::Tensor& x, const torch::Tensor& positions
     return rotated.to(x.scalar_type());
 }
 
-namespace {
-
-// The dtype rotate_keys turns a host tensor's rows in; none for dtypes it does not know.
-std::optional<CacheDtype> rotatable_dtype(const torch::Tensor& x) {
-    switch (x.scalar_type()) {
-        case torch::kFloat32:
-            return CacheDtype::f32;
-        case torch::kBFloat16:
-            return CacheDtype::bf16;
-        case torch::kFloat16:
-            return CacheDtype::f16;
-        default:
-            return std::nullopt;
-    }
-}
-
-}  // namespace
-
 torch::Tensor Rope::shift(const torch::Tensor& x, int64_t delta) const {
     // Every token turns by the same angles, so one row of cosines serves them all: rotate_keys
-    // does that in place on a copy, 30x faster than apply()'s per-token tables and float32
-    // temporaries (realigning a 1 GB packet took 6 s), with the same float32 arithmetic and
-    // rounding (tests/unit/core/model/test_ops.cpp checks they agree bit for bit). Tensors that
-    // need gradients (kvtrain's adapters) or live on a GPU take apply().
+    // does that in place on a copy, on every thread (through libtorch's per-token tables and
+    // float32 temporaries, realigning a 1 GB packet took 6 s), with the same float32 arithmetic
+    // and rounding (tests/unit/core/model/test_ops.cpp checks they agree bit for bit). Tensors
+    // that need gradients (kvtrain's adapters) or live on a GPU take apply().
     if (!x.device().is_cpu() || !rotatable_dtype(x) ||
         (at::GradMode::is_enabled() && x.requires_grad()) || x.dim() < 1 ||
         x.size(-1) != 2 * static_cast<int64_t>(inverse_frequencies_.size()))

@@ -29,6 +29,20 @@ torch::Tensor random_tensor(std::vector<int64_t> shape, uint64_t seed) {
     return torch::randn(shape, torch::kFloat32);
 }
 
+// The libtorch paths of rms_norm and Rope::apply, which a tensor that needs gradients takes; the
+// host loops must give their bits.
+torch::Tensor rms_norm_through_libtorch(const torch::Tensor& x, const torch::Tensor& weight,
+                                        double eps) {
+    torch::AutoGradMode gradients(true);
+    return rms_norm(x.detach().clone().requires_grad_(true), weight, eps).detach();
+}
+
+torch::Tensor rope_through_libtorch(const Rope& rope, const torch::Tensor& x,
+                                    const torch::Tensor& positions) {
+    torch::AutoGradMode gradients(true);
+    return rope.apply(x.detach().clone().requires_grad_(true), positions).detach();
+}
+
 double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
     REQUIRE(a.size() == b.size());
     double worst = 0;
@@ -85,6 +99,63 @@ TEST_CASE("linear with and without bias, one row and many", "[ops]") {
             expected.insert(expected.end(), y.begin(), y.end());
         }
         CHECK(max_abs_difference(got, expected) < 1e-5);
+    }
+}
+
+TEST_CASE("rms_norm's host loop gives the bits of libtorch's operations", "[ops]") {
+    torch::NoGradGuard no_gradients;
+    // A decoding step's row, a prefill's rows, a transposed view; values over a wide range.
+    const torch::Tensor wide =
+        random_tensor({4, 8, 256}, 41) * torch::exp(random_tensor({256}, 42) * 4);
+    for (const torch::Tensor& x : {wide.select(0, 0).narrow(0, 0, 1), wide.select(0, 1),
+                                   wide.transpose(0, 1).narrow(2, 0, 64)}) {
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+            const torch::Tensor input = x.to(dtype);
+            const torch::Tensor weight = random_tensor({x.size(-1)}, 43).to(dtype);
+            for (double eps : {1e-5, 1e-6}) {
+                const torch::Tensor fast = rms_norm(input, weight, eps);
+                const torch::Tensor general = rms_norm_through_libtorch(input, weight, eps);
+                CHECK(fast.scalar_type() == dtype);
+                CHECK(fast.sizes() == general.sizes());
+                CHECK(torch::equal(fast, general));
+            }
+        }
+    }
+}
+
+TEST_CASE("Rope::apply's host rows give the bits of libtorch's operations", "[ops][rope]") {
+    torch::NoGradGuard no_gradients;
+    for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
+        ModelConfig config;
+        config.head_dim = 64;
+        config.rope_theta = 500000;
+        config.rope_layout = layout;
+        config.rope_scaling = {RopeScalingType::llama3, 32.0, 1.0, 4.0, 8192};
+        const Rope rope(config);
+        torch::Tensor keys = random_tensor({32, 7, 64}, 44);
+        // -0 turned by angle 0 with a negative partner: -0 - (-1 x 0) is +0, where not rotating
+        // at position 0 would leave -0.
+        keys[0][0][0] = -0.0f;
+        keys[0][0][1] = -1.0f;
+        keys[0][0][32] = -1.0f;
+        const torch::Tensor positions =
+            torch::tensor(std::vector<int64_t>{0, 1, 2, 9, -5, 4000, 131071});
+        for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+            const torch::Tensor x = keys.to(dtype);
+            // A decoding step ([heads, 1, dim]), a prefill ([heads, T, dim]) and a
+            // [T, heads, dim] projection seen as [heads, T, dim].
+            const torch::Tensor one = x.narrow(1, 0, 1),
+                                projection = x.transpose(0, 1).contiguous().transpose(0, 1);
+            for (const torch::Tensor& input : {one, x, projection}) {
+                const torch::Tensor at = positions.narrow(0, 0, input.size(1));
+                const torch::Tensor fast = rope.apply(input, at);
+                CHECK(fast.scalar_type() == dtype);
+                CHECK(torch::equal(fast, rope_through_libtorch(rope, input, at)));
+            }
+            CHECK_FALSE(std::signbit(rope.apply(x, positions)[0][0][0].item<float>()));
+            CHECK_FALSE(
+                std::signbit(rope_through_libtorch(rope, x, positions)[0][0][0].item<float>()));
+        }
     }
 }
 
@@ -150,7 +221,7 @@ TEST_CASE("Rope::shift's in-place path equals rotating by position tables, for e
             for (int64_t delta : {int64_t{1}, int64_t{-77}, int64_t{131000}}) {
                 const torch::Tensor fast = rope.shift(x, delta);
                 const torch::Tensor general =
-                    rope.apply(x, torch::full({x.size(-2)}, delta, torch::kInt64));
+                    rope_through_libtorch(rope, x, torch::full({x.size(-2)}, delta, torch::kInt64));
                 CHECK(fast.scalar_type() == dtype);
                 CHECK(torch::equal(fast, general));
             }

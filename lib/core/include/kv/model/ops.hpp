@@ -37,6 +37,8 @@ class Rope {
         : layout_(layout), inverse_frequencies_(std::move(inverse_frequencies)) {}
 
     /// Rotates x [..., T, head_dim] by positions [T] (int64, any device); returns x's dtype.
+    /// Host f32/bf16/f16 tensors that need no gradient are rotated row by row (rotate_rows);
+    /// others by libtorch operations, with the same float32 arithmetic and the same bits.
     torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& positions) const;
 
     /// Rotates every token of x [..., T, head_dim] by the same offset.
@@ -50,6 +52,8 @@ class Rope {
     const std::vector<float>& inverse_frequencies() const { return inverse_frequencies_; }
 
   private:
+    torch::Tensor apply_with_tensors(const torch::Tensor& x, const torch::Tensor& positions) const;
+
     RopeLayout layout_;
     std::vector<float> inverse_frequencies_;
 };
