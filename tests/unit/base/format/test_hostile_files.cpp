@@ -91,8 +91,14 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         {"hdf5-packet-attribute-heap-index", "a string points to a missing or wrong global heap"},
         {"hdf5-chunk-element-size", "element size differs from its datatype's"},
         {"hdf5-vlen-string-huge-characters", "a variable-length type of 4278190081-byte elements"},
+        // Its root group's version-1 header counts 12 messages and holds 35, which had left its
+        // attributes unchecked (the reader refused the string attribute later, when it read it).
         {"hdf5-attribute-vlen-huge-characters",
-         "attribute 'format_version' of '/': a variable-length type of 4278190081-byte elements"},
+         "corrupt object header (a version-1 header of 35 messages that counts 12)"},
+        // The same miscount; an attribute's values were read past their end (H5A__read).
+        {"hdf5-v1-header-message-count",
+         "cannot open the HDF5 file: corrupt object header (a version-1 header of 35 messages "
+         "that counts 12)"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
