@@ -702,8 +702,15 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
         if (d[0] == 2 && d[3] == 2) {
             dims.push_back(0);  // a null dataspace: no element
         } else if (d.size() >= first + (has_max ? 16 : 8) * rank) {
-            for (unsigned i = 0; i < rank; ++i)
+            for (unsigned i = 0; i < rank; ++i) {
+                // A chunk index is as large as the maximum dimensions make it, and HDF5 1.10
+                // indexes it by the chunks of the current ones (found by fuzzing: a fixed array
+                // read far past its elements in H5FA_get). Unlimited is all ones.
+                const uint64_t current = load_le(&d[first + i * 8], 8);
+                if (has_max && load_le(&d[first + (rank + i) * 8], 8) < current)
+                    return "a dataspace whose maximum dimensions are smaller than its dimensions";
                 dims.push_back(load_le(&d[first + (has_max ? rank + i : i) * 8], 8));
+            }
         }
     }
     if (!dataspace) return "";

@@ -99,6 +99,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         {"hdf5-v1-header-message-count",
          "cannot open the HDF5 file: corrupt object header (a version-1 header of 35 messages "
          "that counts 12)"},
+        // A dataset of 4 dimensions whose maximum ones were smaller: its fixed array of chunks
+        // was sized by those and indexed by the others (H5FA_get).
+        {"hdf5-dataspace-maximum-below-current",
+         "cannot open dataset 'keys': corrupt object header (a dataspace whose maximum dimensions "
+         "are smaller than its dimensions)"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
