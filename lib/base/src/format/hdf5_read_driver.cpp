@@ -235,7 +235,12 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
             const uint64_t size = v2 ? load_le(&chunk[at + 1], 2) : load_le(&chunk[at + 2], 2);
             const unsigned flags = v2 ? chunk[at + 3] : chunk[at + 4];
             const std::size_t data = at + header;
-            if (size > chunk.size() - data) return false;
+            // HDF5 refuses such a header itself, but not before decoding the messages before
+            // it (found by fuzzing: an attribute among them read past its values).
+            if (size > chunk.size() - data) {
+                damage = "a message larger than its chunk";
+                return false;
+            }
             messages.push_back(
                 {type, flags,
                  std::vector<unsigned char>(chunk.begin() + data, chunk.begin() + data + size)});

@@ -104,6 +104,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         {"hdf5-dataspace-maximum-below-current",
          "cannot open dataset 'keys': corrupt object header (a dataspace whose maximum dimensions "
          "are smaller than its dimensions)"},
+        // A link message 2 bytes past the end of a group's third continuation chunk: HDF5
+        // refuses the header, but after decoding an attribute before it past its values.
+        {"hdf5-message-larger-than-chunk",
+         "cannot open group '/packets/00000001': corrupt object header (a message larger than its "
+         "chunk)"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
@@ -129,9 +134,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
          "mantissa lies outside its bits)"},
         {"hdf5-attribute-name-without-end",
          "corrupt object header (an attribute whose name has no end)"},
-        // The same in an attribute read without a file to check heap ids against (21 GB).
+        // The same in an attribute read without a file to check heap ids against (21 GB); the
+        // group's header also ends a message past its chunk, which is what refuses it now.
         {"hdf5-vlen-huge-characters-unguarded-read",
-         "a variable-length type of 4278190081-byte elements"},
+         "cannot open group '/packets/00000000': corrupt object header (a message larger than its "
+         "chunk)"},
         {"hdf5-object-header-cut-short",
          "corrupt object header (cut short by the end of the file)"},
         {"hdf5-empty-object-comment", "corrupt object header (an object comment that has no end)"},
