@@ -751,15 +751,31 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
             if (!problem.empty()) return "a compact dataset of strings: " + problem;
         }
     }
+    // Chunked, version 3: rank + 1, the chunk index's address (8), the chunk's dimensions (4 bytes
+    // each, the last the element size). HDF5 1.10 divides by each (found by fuzzing: a dimension
+    // of 0, SIGFPE in H5D__chunk_set_info); version 4 is checked below.
+    if (layout_class == 2 && version == 3 && l.size() >= 3) {
+        const unsigned rank = l[2];
+        if (rank < 2) return "a chunked layout of " + std::to_string(rank) + " dimensions";
+        for (unsigned i = 0; i < rank && l.size() >= 11 + 4 * std::size_t{i + 1}; ++i)
+            if (load_le(&l[11 + 4 * i], 4) == 0) return "a chunk dimension of 0";
+    }
     if (layout_class == 2 && version == 4 && l.size() >= 5) {
         // Chunked, version 4: flags, rank + 1, bytes per dimension, the chunk's dimensions (the
         // last is the element size), the index type, its parameters, its address.
         const unsigned rank = l[3], bytes = l[4];
-        if (rank < 1 || bytes < 1 || bytes > 8 || l.size() < 5 + std::size_t{rank} * bytes + 1)
-            return "";
+        // At least one dimension and the element size: HDF5 1.10 takes fewer and divides by
+        // the dimension before the element size (found by fuzzing: SIGFPE in
+        // H5D__chunk_set_info).
+        if (rank < 2) return "a chunked layout of " + std::to_string(rank) + " dimensions";
+        if (bytes < 1 || bytes > 8 || l.size() < 5 + std::size_t{rank} * bytes + 1) return "";
         std::vector<uint64_t> chunk;
-        for (unsigned i = 0; i < rank; ++i)
+        for (unsigned i = 0; i < rank; ++i) {
             chunk.push_back(load_le(&l[5 + i * bytes], bytes));
+            // HDF5 1.10 keeps chunk dimensions in 32 bits: 2^32 would be 0 to it.
+            if (chunk.back() == 0 || chunk.back() > UINT32_MAX)
+                return "a chunk dimension of " + std::to_string(chunk.back());
+        }
         // Its element size is the datatype's (HDF5 1.10 sizes its copies by one, its buffers by
         // the other: a mismatch read past them).
         if (datatype && datatype->data.size() >= 8 &&

@@ -109,6 +109,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         {"hdf5-message-larger-than-chunk",
          "cannot open group '/packets/00000001': corrupt object header (a message larger than its "
          "chunk)"},
+        // A chunked layout of no dimensions at all, not even the element size (SIGFPE in
+        // H5D__chunk_set_info).
+        {"hdf5-chunked-layout-rank-zero",
+         "cannot open dataset 'positions': corrupt object header (a chunked layout of 0 "
+         "dimensions)"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
