@@ -789,9 +789,8 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
                                       "dataset chunks");
         if (index_type != 3 || l.size() < index_at + 2 + 8) return "";  // not a fixed array
         if (dims.size() + 1 != chunk.size()) return "a chunked dataset whose chunk rank differs";
-        uint64_t chunks = 1;
+        uint64_t chunks = 1;  // no chunk dimension is 0: each was checked as it was read
         for (std::size_t i = 0; i < dims.size(); ++i) {
-            if (chunk[i] == 0) return "a chunk dimension of 0";
             const uint64_t count = dims[i] / chunk[i] + (dims[i] % chunk[i] != 0);
             chunks = count != 0 && chunks > UINT64_MAX / count ? UINT64_MAX : chunks * count;
         }
