@@ -195,7 +195,8 @@ struct Message {
 // will find corrupt).
 // Where the bytes cannot be a look-alike, what fails to parse is `damage`: a chunk that reaches
 // past the end of the file, in a version-2 header ("OHDR" and its checksum make it one) or longer
-// than 16 MiB (HDF5 allocates the size it reads before reading: a 15 KB file asked for 21 GB).
+// than 16 MiB (HDF5 allocates the size it reads before reading: a 15 KB file asked for 21 GB);
+// in a version-2 header or a chunk a continuation led to, a continuation that cannot be followed.
 bool read_object_header(const RawSource& source, uint64_t base, uint64_t address,
                         const unsigned char* prefix, std::size_t prefix_size,
                         std::vector<Message>& messages, std::string& damage,
@@ -221,7 +222,6 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
     }
     const std::size_t header = v2 ? (creation_order ? 6 : 4) : 8;
     for (std::size_t next = 0; next < chunks.size(); ++next) {
-        if (chunks.size() > 4096) return false;
         const auto [start, length] = chunks[next];
         if (start > source.size || length > source.size - start) {
             if (v2 || length > (1u << 24)) damage = "larger than the file";
@@ -255,21 +255,37 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
             if (type == 0x10 && size >= 16) {  // continuation: address, length
                 const uint64_t bytes = load_le(&chunk[data + 8], 8);
                 const uint64_t where = load_le(&chunk[data], 8);
-                if (where > UINT64_MAX - 8 - base) return false;
-                continuations.push_back(base + where);
-                if (v2) {  // "OCHK", messages, checksum
-                    if (bytes < 8) return false;
-                    chunks.emplace_back(base + where + 4, bytes - 8);
-                } else {
-                    chunks.emplace_back(base + where, bytes);
+                // Where look-alike bytes cannot be the cause, a continuation that cannot be
+                // followed is damage: a header checked in part is not checked.
+                const bool sure = v2 || next > 0;
+                if (where > UINT64_MAX - 8 - base) {
+                    if (sure) damage = "a continuation past the largest address";
+                    return false;
                 }
+                // A chunk listed again loops (HDF5 read such a header without the messages
+                // after the loop); a real header has a few chunks.
+                const uint64_t chunk_start = v2 ? base + where + 4 : base + where;
+                const bool listed =
+                    std::any_of(chunks.begin(), chunks.end(),
+                                [&](const auto& other) { return other.first == chunk_start; });
+                if (listed || chunks.size() == 4096) {
+                    if (sure)
+                        damage = listed ? "a continuation back to a chunk before it"
+                                        : "more than 4096 chunks";
+                    return false;
+                }
+                if (v2 && bytes < 8) {  // "OCHK", messages, checksum
+                    damage = "a continuation chunk too short for its signature and checksum";
+                    return false;
+                }
+                continuations.push_back(base + where);
+                chunks.emplace_back(chunk_start, v2 ? bytes - 8 : bytes);
             }
             at = data + static_cast<std::size_t>(size);
         }
         // Version 1 messages tile a real chunk exactly; version 2 leaves a gap too small for a
-        // message header.
-        if (v2 ? chunk.size() - at >= header && at != chunk.size() : at != chunk.size())
-            return false;
+        // message header, where the loop above stops.
+        if (!v2 && at != chunk.size()) return false;
     }
     // HDF5 1.10 decodes a version-1 header whose message count is not its messages' (it
     // enforces the count only when built with strict format checks): found by fuzzing, a root

@@ -144,8 +144,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
         {"hdf5-vlen-huge-characters-unguarded-read",
          "cannot open group '/packets/00000000': corrupt object header (a message larger than its "
          "chunk)"},
+        // A header's prefix cut short by the end of the file (SEGV in H5_checksum_lookup3); a
+        // group's continuation of fewer bytes than "OCHK" and a checksum is refused before.
         {"hdf5-object-header-cut-short",
-         "corrupt object header (cut short by the end of the file)"},
+         "cannot open group 'quantized': corrupt object header (a continuation chunk too short "
+         "for its signature and checksum)"},
         {"hdf5-empty-object-comment", "corrupt object header (an object comment that has no end)"},
         {"hdf5-chunk-unfiltered-short",
          "cannot read 'positions': a chunk stored unfiltered in 38 bytes where the dataset's "
@@ -214,4 +217,33 @@ TEST_CASE("a dataspace whose rank needs more bytes than its message has is refus
     REQUIRE(changed == 2);
     CHECK_THAT(errors_after_repair(bytes),
                Catch::Contains("a dataspace whose dimensions do not fit its message"));
+}
+
+TEST_CASE("a continuation that cannot be followed is refused", "[hostile]") {
+    // good/0001_minimal.kvc's root group: a version-2 header whose continuation message (at byte
+    // 56: type 0x10, 16 bytes, flags; address, length) leads to the chunk at 481, whose own
+    // continuation (at 507) leads to 662. Each edited, checksums recomputed.
+    const std::vector<uint8_t> minimal =
+        read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0001_minimal.kvc");
+    // The message at `message` with its address (field 0) or length (field 1) made `value`.
+    auto edited = [&](std::size_t message, int field, uint64_t value) {
+        std::vector<uint8_t> bytes = minimal;
+        REQUIRE(bytes[message] == 0x10);
+        const std::size_t at = message + 4 + 8 * static_cast<std::size_t>(field);
+        for (int i = 0; i < 8; ++i)
+            bytes[at + static_cast<std::size_t>(i)] = static_cast<uint8_t>(value >> (8 * i));
+        return errors_after_repair(bytes);
+    };
+    REQUIRE(minimal.size() > 700);
+    REQUIRE(std::equal(minimal.begin() + 481, minimal.begin() + 485, "OCHK"));
+    // A chunk that continues into itself: HDF5 1.10 read the header without the messages after
+    // the loop (the file's 'complete' mark among them).
+    CHECK_THAT(edited(507, 0, 481),
+               Catch::Contains("corrupt object header (a continuation back to a chunk before it)"));
+    // 6 bytes cannot hold "OCHK" and a checksum.
+    CHECK_THAT(edited(56, 1, 6),
+               Catch::Contains("corrupt object header (a continuation chunk too short for its "
+                               "signature and checksum)"));
+    CHECK_THAT(edited(56, 0, UINT64_MAX - 3),
+               Catch::Contains("corrupt object header (a continuation past the largest address)"));
 }
