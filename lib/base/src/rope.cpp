@@ -6,6 +6,7 @@
 #include "kv/json.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -132,26 +133,30 @@ KV_AVX512_BW inline void store16(std::byte* p, bool bf16, __m512 v, __mmask16 la
 // rotate_keys' arithmetic on 16 values at a time: each product and difference rounded to float32
 // as the scalar loop rounds it (separate multiplies and adds, no fused multiply-add), so the bits
 // are the same. Half-split rows pair value i with i + half; interleaved rows pair 2i with 2i + 1,
-// done as row * [c, c] + swapped * [-s, s] (x c + (-(y s)) is x c - y s exactly).
+// done as row * [c, c] + swapped * [-s, s] (x c + (-(y s)) is x c - y s exactly), the 8 angles'
+// cosines and sines of 16 values duplicated in registers (a decoding step rotates one token).
 KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t rows,
                                      std::size_t row_stride, std::size_t half, bool interleaved,
                                      const float* cosines, const float* sines) {
     const std::size_t element = bf16 ? 2 : 4, dim = 2 * half;
     if (interleaved) {
-        std::vector<float> pair_cosines(dim), pair_sines(dim);
-        for (std::size_t i = 0; i < half; ++i) {
-            pair_cosines[2 * i] = pair_cosines[2 * i + 1] = cosines[i];
-            pair_sines[2 * i] = -sines[i];
-            pair_sines[2 * i + 1] = sines[i];
-        }
+        const __m512i duplicate = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        const __m512i negate_even =
+            _mm512_set_epi32(0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN,
+                             0, INT32_MIN, 0, INT32_MIN, 0, INT32_MIN);
         for (std::size_t r = 0; r < rows; ++r) {
             std::byte* row = keys + r * row_stride;
             for (std::size_t d = 0; d < dim; d += 16) {
-                const __mmask16 lanes = first_lanes(dim - d);
+                const __mmask16 lanes = first_lanes(static_cast<int64_t>(dim - d));
+                const __mmask16 angles = first_lanes(static_cast<int64_t>((dim - d) / 2));
                 const __m512 v = load16(row + d * element, bf16, lanes);
                 const __m512 swapped = _mm512_permute_ps(v, 0xB1);  // (x, y) -> (y, x)
-                const __m512 c = _mm512_maskz_loadu_ps(lanes, pair_cosines.data() + d);
-                const __m512 s = _mm512_maskz_loadu_ps(lanes, pair_sines.data() + d);
+                const __m512 c = _mm512_permutexvar_ps(
+                    duplicate, _mm512_maskz_loadu_ps(angles & 0xFF, cosines + d / 2));
+                const __m512 s = _mm512_castsi512_ps(_mm512_xor_si512(
+                    _mm512_castps_si512(_mm512_permutexvar_ps(
+                        duplicate, _mm512_maskz_loadu_ps(angles & 0xFF, sines + d / 2))),
+                    negate_even));
                 store16(row + d * element, bf16,
                         _mm512_add_ps(_mm512_mul_ps(v, c), _mm512_mul_ps(swapped, s)), lanes);
             }

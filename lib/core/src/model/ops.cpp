@@ -48,19 +48,22 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     const float epsilon = static_cast<float>(eps);
     const float* in = rows.data_ptr<float>();
     const float* mean = squares.data_ptr<float>();
-    const bool bf16 = x.scalar_type() == torch::kBFloat16;
-    for (int64_t r = 0; r < count; ++r) {
-        const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
-        const float* row = in + r * width;
-        if (bf16) {
-            const auto* w = weight.data_ptr<at::BFloat16>();
-            at::BFloat16* y = out.data_ptr<at::BFloat16>() + r * width;
+    if (x.scalar_type() == torch::kBFloat16) {
+        const auto* w = weight.data_ptr<at::BFloat16>();
+        at::BFloat16* y = out.data_ptr<at::BFloat16>();
+        for (int64_t r = 0; r < count; ++r, y += width) {
+            const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
+            const float* row = in + r * width;
             for (int64_t i = 0; i < width; ++i)
                 y[i] = at::BFloat16(static_cast<float>(at::BFloat16(row[i] * inverse)) *
                                     static_cast<float>(w[i]));
-        } else {
-            const float* w = weight.data_ptr<float>();
-            float* y = out.data_ptr<float>() + r * width;
+        }
+    } else {
+        const float* w = weight.data_ptr<float>();
+        float* y = out.data_ptr<float>();
+        for (int64_t r = 0; r < count; ++r, y += width) {
+            const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
+            const float* row = in + r * width;
             for (int64_t i = 0; i < width; ++i) {
                 const float scaled = row[i] * inverse;
                 y[i] = scaled * w[i];

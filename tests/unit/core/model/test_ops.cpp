@@ -43,6 +43,17 @@ torch::Tensor rope_through_libtorch(const Rope& rope, const torch::Tensor& x,
     return rope.apply(x.detach().clone().requires_grad_(true), positions).detach();
 }
 
+// A llama3-scaled RoPE of theta 500,000 (factor `factor`, low and high frequency factors 1 and 4,
+// 8,192 original positions), as Llama 3.1 and 3.2 configure it.
+ModelConfig llama3_rope_config(int64_t head_dim, RopeLayout layout, double factor) {
+    ModelConfig config;
+    config.head_dim = head_dim;
+    config.rope_theta = 500000;
+    config.rope_layout = layout;
+    config.rope_scaling = {RopeScalingType::llama3, factor, 1.0, 4.0, 8192};
+    return config;
+}
+
 double max_abs_difference(const std::vector<double>& a, const std::vector<double>& b) {
     REQUIRE(a.size() == b.size());
     double worst = 0;
@@ -126,11 +137,7 @@ TEST_CASE("rms_norm's host loop gives the bits of libtorch's operations", "[ops]
 TEST_CASE("Rope::apply's host rows give the bits of libtorch's operations", "[ops][rope]") {
     torch::NoGradGuard no_gradients;
     for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
-        ModelConfig config;
-        config.head_dim = 64;
-        config.rope_theta = 500000;
-        config.rope_layout = layout;
-        config.rope_scaling = {RopeScalingType::llama3, 32.0, 1.0, 4.0, 8192};
+        const ModelConfig config = llama3_rope_config(64, layout, 32.0);
         const Rope rope(config);
         torch::Tensor keys = random_tensor({32, 7, 64}, 44);
         // -0 turned by angle 0 with a negative partner: -0 - (-1 x 0) is +0, where not rotating
@@ -189,11 +196,7 @@ TEST_CASE("RoPE in both layouts matches the float64 reference", "[ops][rope]") {
 TEST_CASE("RoPE rotations compose: shifting a rotated key equals rotating it further",
           "[ops][rope]") {
     for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
-        ModelConfig config;
-        config.head_dim = 32;
-        config.rope_theta = 500000;
-        config.rope_layout = layout;
-        config.rope_scaling = {RopeScalingType::llama3, 8.0, 1.0, 4.0, 8192};
+        const ModelConfig config = llama3_rope_config(32, layout, 8.0);
         const Rope rope(config);
         const torch::Tensor x = random_tensor({3, 5, 32}, 9);
         const torch::Tensor positions = torch::tensor(std::vector<int64_t>{0, 1, 2, 50, 99});
@@ -208,11 +211,7 @@ TEST_CASE("Rope::shift's in-place path equals rotating by position tables, for e
     // shift() rotates host tensors with rotate_keys, split across threads; apply() with a
     // constant position is the general path (GPU tensors, gradients): they must agree exactly.
     for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
-        ModelConfig config;
-        config.head_dim = 64;
-        config.rope_theta = 500000;
-        config.rope_layout = layout;
-        config.rope_scaling = {RopeScalingType::llama3, 32.0, 1.0, 4.0, 8192};
+        const ModelConfig config = llama3_rope_config(64, layout, 32.0);
         const Rope rope(config);
         // 3 heads x 5,000 rows: more than one parallel chunk of 4,096 rows.
         const torch::Tensor keys = random_tensor({3, 5000, 64}, 31);
@@ -257,11 +256,7 @@ TEST_CASE("kvpack's rotate_keys matches the float64 rotation and the runtime's R
     // kvpack realigns stored keys without libtorch; it must agree with both.
     const int64_t head_dim = 32, rows = 6, delta = 1234;
     for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
-        ModelConfig config;
-        config.head_dim = head_dim;
-        config.rope_theta = 500000;
-        config.rope_layout = layout;
-        config.rope_scaling = {RopeScalingType::llama3, 8.0, 1.0, 4.0, 8192};
+        const ModelConfig config = llama3_rope_config(head_dim, layout, 8.0);
         RopeSettings settings;
         settings.layout = layout;
         settings.head_dim = head_dim;
