@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #if defined(__SSE2__)
@@ -255,6 +256,42 @@ struct Worker {
     ~Worker() { ZSTD_freeDCtx(zstd); }
 };
 
+// Workers kept between reads: a packet of a few hundred tokens is a few dozen small chunks, and
+// a zstd context and scratch buffers made for each read (their pages faulted in anew) cost about
+// as much as decompressing them. At most as many as reads ever ran at once.
+class WorkerPool {
+  public:
+    std::unique_ptr<Worker> take() {
+        const std::lock_guard lock(mutex_);
+        if (free_.empty()) return std::make_unique<Worker>();
+        std::unique_ptr<Worker> worker = std::move(free_.back());
+        free_.pop_back();
+        return worker;
+    }
+    void give(std::unique_ptr<Worker> worker) {
+        const std::lock_guard lock(mutex_);
+        free_.push_back(std::move(worker));
+    }
+
+  private:
+    std::mutex mutex_;
+    std::vector<std::unique_ptr<Worker>> free_;
+};
+
+WorkerPool& worker_pool() {
+    static WorkerPool pool;
+    return pool;
+}
+
+// The threads worth starting for `bytes` of output, one per `per_thread` bytes: a thread costs
+// tens of microseconds to start and join (more when the other cores are busy and it waits its
+// turn), what decompressing a few hundred kilobytes takes.
+int threads_for(std::size_t bytes, int threads, std::size_t per_thread) {
+    return static_cast<int>(
+        std::clamp<std::size_t>(bytes / std::max<std::size_t>(per_thread, 1), 1,
+                                static_cast<std::size_t>(std::max(threads, 1))));
+}
+
 struct Chunk {
     haddr_t address = 0;
     hsize_t size = 0;
@@ -279,7 +316,8 @@ bool read_summed(const RawSource& raw, uint64_t at, std::size_t bytes, std::byte
 }  // namespace
 
 bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t element_size,
-                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads) {
+                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads,
+                          std::size_t bytes_per_thread) {
     if (threads <= 0) threads = default_read_threads();
     const TensorStorage storage = tensor_storage(dataset);
     if (!storage.direct) return false;
@@ -300,11 +338,14 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
         const std::size_t piece =
             std::max<std::size_t>(1, (std::size_t{4} << 20) / row_bytes) * row_bytes;
         const std::size_t per_plane = (plane_bytes + piece - 1) / piece;
-        return run_parallel(planes * per_plane, threads, [&](int, std::size_t item) {
-            const std::size_t plane = item / per_plane, at = item % per_plane * piece;
-            return raw.read(address + plane * plane_bytes + at, std::min(piece, plane_bytes - at),
-                            target.plane(plane / dims[1], plane % dims[1]) + at);
-        });
+        return run_parallel(
+            planes * per_plane, threads_for(total, threads, bytes_per_thread),
+            [&](int, std::size_t item) {
+                const std::size_t plane = item / per_plane, at = item % per_plane * piece;
+                return raw.read(address + plane * plane_bytes + at,
+                                std::min(piece, plane_bytes - at),
+                                target.plane(plane / dims[1], plane % dims[1]) + at);
+            });
     }
 
     // Chunked [1, 1, T, D]: where each chunk is and which filters it went through.
@@ -349,10 +390,20 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
             chunk.rows = std::min(chunk_tokens, length - c * chunk_tokens);
         }
 
-    std::vector<Worker> workers(static_cast<std::size_t>(std::max(threads, 1)));
+    threads = threads_for(total, threads, bytes_per_thread);
+    std::vector<std::unique_ptr<Worker>> workers(static_cast<std::size_t>(threads));
+    for (auto& worker : workers)
+        worker = worker_pool().take();
+    struct GiveBack {
+        std::vector<std::unique_ptr<Worker>>& workers;
+        ~GiveBack() {
+            for (auto& worker : workers)
+                worker_pool().give(std::move(worker));
+        }
+    } give_back{workers};
     const std::vector<std::string>& filters = storage.filters;
     return run_parallel(chunks.size(), threads, [&](int index, std::size_t item) {
-        Worker& worker = workers[static_cast<std::size_t>(index)];
+        Worker& worker = *workers[static_cast<std::size_t>(index)];
         const Chunk& chunk = chunks[item];
         bool shuffled = false, compressed = false, summed = false;
         for (std::size_t i = 0; i < filters.size(); ++i) {

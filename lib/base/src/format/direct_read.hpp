@@ -53,11 +53,15 @@ TensorStorage tensor_storage(hid_t dataset);
 
 /// Reads the whole dataset [L, H, S, D] of `element_size`-byte values, whose file type is the
 /// memory type byte for byte (the caller checks), into the planes of `target` (S rows of
-/// D*element_size bytes each), with `threads` threads (0: one per core). Call with the HDF5 lock
-/// held (HDF5 is asked for the chunks' places; the threads never call it). False: it did not
-/// read (anything may have been written to the planes), and the caller reads through HDF5.
+/// D*element_size bytes each), with up to `threads` threads (0: one per core), one for each
+/// `bytes_per_thread` of the tensor (a thread costs more to start than a small read takes). Call
+/// with the HDF5 lock held (HDF5 is asked for the chunks' places; the threads never call it).
+/// False: it did not read (anything may have been written to the planes), and the caller reads
+/// through HDF5.
+constexpr std::size_t read_bytes_per_thread = std::size_t{512} << 10;
 bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t element_size,
-                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads);
+                          const hsize_t (&dims)[4], const PlaneTargets& target, int threads,
+                          std::size_t bytes_per_thread = read_bytes_per_thread);
 
 /// The threads read_tensor_directly uses for 0: the cores this process may run on.
 int default_read_threads();

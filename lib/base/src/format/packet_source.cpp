@@ -4,9 +4,19 @@
 
 namespace kv {
 
+namespace {
+
+std::shared_ptr<const CacheReader> open_store(const std::filesystem::path& file, int threads) {
+    auto reader = std::make_shared<CacheReader>(file);
+    reader->set_threads(threads);
+    return reader;
+}
+
+}  // namespace
+
 std::shared_ptr<const CacheReader> DirectPacketSource::store(const std::filesystem::path& file) {
     std::shared_ptr<const CacheReader>& reader = opened_[file];
-    if (!reader) reader = std::make_shared<const CacheReader>(file);
+    if (!reader) reader = open_store(file, read_threads_);
     return reader;
 }
 
@@ -35,7 +45,8 @@ int64_t packet_memory(const Packet& packet) {
     return static_cast<int64_t>(bytes);
 }
 
-PacketCache::PacketCache(int64_t capacity) : capacity_(capacity) {
+PacketCache::PacketCache(int64_t capacity, int read_threads)
+    : capacity_(capacity), read_threads_(read_threads) {
     if (capacity < 0)
         throw UsageError("the memory for loaded packets must be >= 0, not " +
                          std::to_string(capacity));
@@ -44,7 +55,7 @@ PacketCache::PacketCache(int64_t capacity) : capacity_(capacity) {
 std::shared_ptr<const CacheReader> PacketCache::store(const std::filesystem::path& file) {
     auto& reader = stores_[file.string()];
     if (!reader) {
-        reader = std::make_shared<const CacheReader>(file);
+        reader = open_store(file, read_threads_);
         ++stats_.stores;
     }
     return reader;

@@ -487,7 +487,7 @@ ServeStats serve_once(const ServeOptions& options, const Emit& emit) {
     const auto load_start = Clock::now();
     const Runtime runtime = load_runtime(options.runtime);
     stats.load_seconds = seconds_since(load_start);
-    DirectPacketSource packets;
+    DirectPacketSource packets(stats.threads);
     Session session(options, stats, std::move(sampler), runtime, packets);
     run(session, emit);
     return stats;

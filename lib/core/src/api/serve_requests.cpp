@@ -22,11 +22,25 @@ double seconds_since(Clock::time_point start) {
 }
 
 // The fields a request may give, in the order the messages list them.
-const char* const request_fields[] = {
-    "id",           "prompt",         "cache",          "n_predict",       "temp",
-    "top_p",        "seed",           "echo",           "ignore_eos",      "attention",
-    "budget",       "dense_layers",   "reuse_layers",   "field_of_view",   "sparse_prompt",
-    "measure_recall", "recompute",    "recompute_ratio", "recompute_tokens"};
+const char* const request_fields[] = {"id",
+                                      "prompt",
+                                      "cache",
+                                      "n_predict",
+                                      "temp",
+                                      "top_p",
+                                      "seed",
+                                      "echo",
+                                      "ignore_eos",
+                                      "attention",
+                                      "budget",
+                                      "dense_layers",
+                                      "reuse_layers",
+                                      "field_of_view",
+                                      "sparse_prompt",
+                                      "measure_recall",
+                                      "recompute",
+                                      "recompute_ratio",
+                                      "recompute_tokens"};
 
 [[noreturn]] void bad_field(const std::string& name, const std::string& expected,
                             const json::Value& value) {
@@ -36,18 +50,17 @@ const char* const request_fields[] = {
 
 int64_t integer_field(const std::string& name, const json::Value& value, int64_t low,
                       int64_t high) {
-    const std::string range = high == std::numeric_limits<int64_t>::max()
-                                  ? "an integer >= " + std::to_string(low)
-                                  : "an integer in [" + std::to_string(low) + ", " +
-                                        std::to_string(high) + "]";
+    const std::string range =
+        high == std::numeric_limits<int64_t>::max()
+            ? "an integer >= " + std::to_string(low)
+            : "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
     if (!value.is_integer()) bad_field(name, range, value);
     const int64_t number = value.as_int();
     if (number < low || number > high) bad_field(name, range, value);
     return number;
 }
 
-double number_field(const std::string& name, const json::Value& value, double low,
-                    double high) {
+double number_field(const std::string& name, const json::Value& value, double low, double high) {
     const std::string range = high == std::numeric_limits<double>::infinity()
                                   ? "a number >= " + json::dump(json::Value(low))
                                   : "a number in [" + json::dump(json::Value(low)) + ", " +
@@ -161,8 +174,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
         throw UsageError(
             "--document is one long context for one question; --requests serves questions over "
             "--cache packets");
-    if (options.cache_memory < 0)
-        throw UsageError("the memory for loaded packets must be >= 0");
+    if (options.cache_memory < 0) throw UsageError("the memory for loaded packets must be >= 0");
     RequestsReport report;
     report.cache_memory = options.cache_memory;
     report.threads = set_compute_threads(defaults.runtime.threads);
@@ -170,7 +182,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     const Runtime runtime = load_runtime(defaults.runtime);
     report.load_seconds = seconds_since(load_start);
 
-    PacketCache packets(options.cache_memory);
+    PacketCache packets(options.cache_memory, report.threads);
     int64_t disk_packets_read = 0, disk_bytes_read = 0;
     const auto start = Clock::now();
     int64_t number = 0;
@@ -275,9 +287,8 @@ ProgressLine progress_line(const RequestsReport& report) {
 }
 
 std::string summary(const RequestsReport& report) {
-    return progress_line(report).text +
-           format_text(" in %.2f s after loading the model in %.2f s", report.seconds,
-                       report.load_seconds);
+    return progress_line(report).text + format_text(" in %.2f s after loading the model in %.2f s",
+                                                    report.seconds, report.load_seconds);
 }
 
 }  // namespace kv

@@ -58,8 +58,9 @@ BothReads read_both(const std::filesystem::path& path, const std::string& datase
     planes.head_stride = dims[2] * dims[3] * element_size;
     for (hsize_t layer = 0; layer < dims[0]; ++layer)
         planes.layers.push_back(reads.directly.data() + layer * dims[1] * planes.head_stride);
-    reads.direct =
-        kv::format::read_tensor_directly(dataset, raw, element_size, dims, planes, threads);
+    // A thread for every byte: the test's tensors are small, and every thread must take part.
+    reads.direct = kv::format::read_tensor_directly(dataset, raw, element_size, dims, planes,
+                                                    threads, /*bytes_per_thread=*/1);
     REQUIRE(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, reads.by_hdf5.data()) >=
             0);
     H5Dclose(dataset);

@@ -41,15 +41,18 @@ class PacketSource {
 };
 
 /// Opens each store once (kept open while the source lives: one question, which may ask for a
-/// store twice, "-" among them) and reads every packet anew, keeping none.
+/// store twice, "-" among them) and reads every packet anew, keeping none. Its stores read keys
+/// and values on `read_threads` threads (0: one per core; CacheReader::set_threads).
 class DirectPacketSource final : public PacketSource {
   public:
+    explicit DirectPacketSource(int read_threads = 0) : read_threads_(read_threads) {}
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
     bool keeps_packets() const override { return false; }
 
   private:
+    int read_threads_;
     std::map<std::filesystem::path, std::shared_ptr<const CacheReader>> opened_;
 };
 
@@ -60,10 +63,11 @@ int64_t packet_memory(const Packet& packet);
 /// Keeps every store open (one reader per path, as named) and the packets it read in memory,
 /// up to `capacity` bytes (packet_memory): when a new packet does not fit, the least recently
 /// used ones go first, and a packet larger than the capacity is handed out without being kept.
-/// A packet asked for again while kept is not read again. Not thread-safe.
+/// A packet asked for again while kept is not read again. Stores read on `read_threads` threads
+/// as DirectPacketSource's do. Not thread-safe.
 class PacketCache final : public PacketSource {
   public:
-    explicit PacketCache(int64_t capacity);
+    explicit PacketCache(int64_t capacity, int read_threads = 0);
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
@@ -90,6 +94,7 @@ class PacketCache final : public PacketSource {
         int64_t bytes = 0;
     };
     int64_t capacity_;
+    int read_threads_;
     Stats stats_;
     std::map<std::string, std::shared_ptr<const CacheReader>> stores_;
     std::list<Entry> recent_;  ///< most recently used first
