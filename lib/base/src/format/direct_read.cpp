@@ -258,7 +258,8 @@ struct Worker {
 
 // Workers kept between reads: a packet of a few hundred tokens is a few dozen small chunks, and
 // a zstd context and scratch buffers made for each read (their pages faulted in anew) cost about
-// as much as decompressing them. At most as many as reads ever ran at once.
+// as much as decompressing them. As many as were ever taken at once; scratch buffers past 4 MiB
+// (a file of large chunks) are not kept.
 class WorkerPool {
   public:
     std::unique_ptr<Worker> take() {
@@ -268,9 +269,16 @@ class WorkerPool {
         free_.pop_back();
         return worker;
     }
-    void give(std::unique_ptr<Worker> worker) {
-        const std::lock_guard lock(mutex_);
-        free_.push_back(std::move(worker));
+    // Called from a destructor: a worker that cannot be kept is freed.
+    void give(std::unique_ptr<Worker> worker) noexcept {
+        constexpr std::size_t largest_kept = std::size_t{4} << 20;
+        for (Scratch* scratch : {&worker->stored, &worker->decoded})
+            if (scratch->size > largest_kept) *scratch = Scratch{};
+        try {
+            const std::lock_guard lock(mutex_);
+            free_.push_back(std::move(worker));
+        } catch (...) {
+        }
     }
 
   private:

@@ -263,14 +263,15 @@ bool read_object_header(const RawSource& source, uint64_t base, uint64_t address
                     return false;
                 }
                 // A chunk listed again loops (HDF5 read such a header without the messages
-                // after the loop); a real header has a few chunks.
+                // after the loop). A version-2 header of kvtools' has a few chunks; a version-1
+                // header may have as many as messages, which it counts (checked below).
                 const uint64_t chunk_start = v2 ? base + where + 4 : base + where;
                 const bool listed =
                     std::any_of(chunks.begin(), chunks.end(),
                                 [&](const auto& other) { return other.first == chunk_start; });
                 if (listed || chunks.size() == 4096) {
-                    if (sure)
-                        damage = listed ? "a continuation back to a chunk before it"
+                    if (sure && (listed || v2))
+                        damage = listed ? "a continuation to a chunk already listed"
                                         : "more than 4096 chunks";
                     return false;
                 }

@@ -145,7 +145,8 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
          "cannot open group '/packets/00000000': corrupt object header (a message larger than its "
          "chunk)"},
         // A header's prefix cut short by the end of the file (SEGV in H5_checksum_lookup3); a
-        // group's continuation of fewer bytes than "OCHK" and a checksum is refused before.
+        // group's continuation of fewer bytes than "OCHK" and a checksum is refused before (the
+        // cut-short check has its own case below).
         {"hdf5-object-header-cut-short",
          "cannot open group 'quantized': corrupt object header (a continuation chunk too short "
          "for its signature and checksum)"},
@@ -239,11 +240,47 @@ TEST_CASE("a continuation that cannot be followed is refused", "[hostile]") {
     // A chunk that continues into itself: HDF5 1.10 read the header without the messages after
     // the loop (the file's 'complete' mark among them).
     CHECK_THAT(edited(507, 0, 481),
-               Catch::Contains("corrupt object header (a continuation back to a chunk before it)"));
+               Catch::Contains("corrupt object header (a continuation to a chunk already listed)"));
     // 6 bytes cannot hold "OCHK" and a checksum.
     CHECK_THAT(edited(56, 1, 6),
                Catch::Contains("corrupt object header (a continuation chunk too short for its "
                                "signature and checksum)"));
     CHECK_THAT(edited(56, 0, UINT64_MAX - 3),
                Catch::Contains("corrupt object header (a continuation past the largest address)"));
+}
+
+TEST_CASE("an object header cut short by the end of the file is refused", "[hostile]") {
+    // good/0001_minimal.kvc's root group links 'model' to its header ("OHDR"); the link moved to
+    // the file's last 10 bytes, made "OHDR", version 2, flags 0x20 (times stored: a 26-byte
+    // prefix before the chunk's size), checksums recomputed. HDF5 reads a header's prefix no
+    // further than the end of the file and decodes it from whatever that read gave it.
+    std::vector<uint8_t> bytes =
+        read_bytes(std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0001_minimal.kvc");
+    auto address_at = [&](std::size_t at) {
+        uint64_t value = 0;
+        for (int i = 7; i >= 0; --i)
+            value = value << 8 | bytes[at + static_cast<std::size_t>(i)];
+        return value;
+    };
+    const std::string name = "model";
+    std::size_t link = 0;
+    for (auto at = bytes.begin();
+         (at = std::search(at, bytes.end(), name.begin(), name.end())) != bytes.end(); ++at) {
+        const auto after = static_cast<std::size_t>(at - bytes.begin()) + name.size();
+        if (after + 8 > bytes.size()) break;
+        const uint64_t target = address_at(after);
+        if (target + 4 <= bytes.size() &&
+            std::equal(bytes.begin() + static_cast<long>(target),
+                       bytes.begin() + static_cast<long>(target) + 4, "OHDR"))
+            link = after;
+    }
+    REQUIRE(link != 0);
+    const uint64_t last = bytes.size() - 10;
+    for (int i = 0; i < 8; ++i)
+        bytes[link + static_cast<std::size_t>(i)] = static_cast<uint8_t>(last >> (8 * i));
+    const uint8_t prefix[] = {'O', 'H', 'D', 'R', 2, 0x20};
+    std::copy(std::begin(prefix), std::end(prefix), bytes.begin() + static_cast<long>(last));
+    CHECK_THAT(errors_after_repair(bytes),
+               Catch::Contains("cannot open group '/model': corrupt object header (cut short by "
+                               "the end of the file)"));
 }

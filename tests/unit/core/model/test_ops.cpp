@@ -304,7 +304,9 @@ TEST_CASE("rotate_keys gives the scalar float32 rotation's bits at every width a
     // The vector path (16 values at a time, lanes masked at the end of a row) against the
     // rotation written out in float32 as the scalar loop computes it, rounded to bf16 by
     // float_to_bf16; widths with and without a tail, and infinities and NaNs among the keys.
-    for (int64_t head_dim : {24, 32, 64, 80, 128}) {
+    // Interleaved rows' tails of 1, 3, 7 and 4 angles (6, 14, 30, 40), half-split ones of 3,
+    // 7, 12, 15, 4 and 8 values.
+    for (int64_t head_dim : {6, 14, 24, 30, 32, 40, 64, 80, 128}) {
         for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {
             for (CacheDtype dtype : {CacheDtype::f32, CacheDtype::bf16}) {
                 CAPTURE(head_dim, layout == RopeLayout::interleaved, dtype == CacheDtype::bf16);
