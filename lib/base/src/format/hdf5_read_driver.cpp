@@ -774,6 +774,8 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
     if (layout_class == 2 && version == 3 && l.size() >= 3) {
         const unsigned rank = l[2];
         if (rank < 2) return "a chunked layout of " + std::to_string(rank) + " dimensions";
+        if (l.size() < 3 + 8 + 4 * std::size_t{rank})
+            return "a chunked layout that does not fit its message";
         for (unsigned i = 0; i < rank && l.size() >= 11 + 4 * std::size_t{i + 1}; ++i)
             if (load_le(&l[11 + 4 * i], 4) == 0) return "a chunk dimension of 0";
     }
@@ -785,7 +787,39 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
         // the dimension before the element size (found by fuzzing: SIGFPE in
         // H5D__chunk_set_info).
         if (rank < 2) return "a chunked layout of " + std::to_string(rank) + " dimensions";
-        if (bytes < 1 || bytes > 8 || l.size() < 5 + std::size_t{rank} * bytes + 1) return "";
+        // HDF5 1.10 decodes the dimensions, the index's parameters and its address whatever the
+        // message's size (found by fuzzing: a fixed array's address read from the bytes after
+        // the message, whose array held fewer chunks than the dataset, read past in H5FA_get).
+        if (bytes < 1 || bytes > 8)
+            return "a chunked layout of " + std::to_string(bytes) + "-byte dimensions";
+        const std::size_t index_at = 5 + std::size_t{rank} * bytes;
+        if (l.size() < index_at + 1) return "a chunked layout that does not fit its message";
+        const unsigned index_type = l[index_at];
+        // The index's parameters before its address: a single chunk's size and filter mask when
+        // filtered (flag 2), a fixed array's page bits, an extensible array's five, a version-2
+        // B-tree's node size and percentages; type 0 (version-1 B-trees) is version 3's.
+        std::size_t parameters = 0;
+        switch (index_type) {
+            case 1:
+                parameters = (l[2] & 0x02) ? 12 : 0;
+                break;
+            case 2:
+                parameters = 0;
+                break;
+            case 3:
+                parameters = 1;
+                break;
+            case 4:
+                parameters = 5;
+                break;
+            case 5:
+                parameters = 6;
+                break;
+            default:
+                return "a chunk index of type " + std::to_string(index_type);
+        }
+        if (l.size() < index_at + 1 + parameters + 8)
+            return "a chunked layout that does not fit its message";
         std::vector<uint64_t> chunk;
         for (unsigned i = 0; i < rank; ++i) {
             chunk.push_back(load_le(&l[5 + i * bytes], bytes));
@@ -798,8 +832,6 @@ std::string object_header_problem(const RawSource& source, uint64_t base,
         if (datatype && datatype->data.size() >= 8 &&
             chunk.back() != datatype_size(datatype->data.data()))
             return "a chunked dataset whose element size differs from its datatype's";
-        const std::size_t index_at = 5 + std::size_t{rank} * bytes;
-        const unsigned index_type = l[index_at];
         // A version-2 B-tree: node size (4), split and merge percent, then its address.
         if (index_type == 5 && l.size() >= index_at + 7 + 8)
             return btree_type_problem(source, base, load_le(&l[index_at + 7], 8), {10u, 11u},

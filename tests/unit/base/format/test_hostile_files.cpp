@@ -115,6 +115,11 @@ TEST_CASE("crafted HDF5 metadata is refused with a message, never followed", "[h
          "cannot open dataset 'positions': corrupt object header (a chunked layout of 0 "
          "dimensions)"},
         {"hdf5-fixed-array-fewer-entries", "a chunk index whose size is not the dataset's"},
+        // A version-4 chunked layout of 16 bytes, its fixed array's address taken from the bytes
+        // after it: an array of 3 chunks for a dataset of 4, read past in H5FA_get.
+        {"hdf5-chunked-layout-index-address-short",
+         "packet '100%': cannot open dataset 'keys': corrupt object header (a chunked layout that "
+         "does not fit its message)"},
         {"hdf5-object-header-larger-than-file", "corrupt object header (larger than the file)"},
         {"hdf5-fill-value-longer-than-message",
          "corrupt object header (a fill value message too short)"},
