@@ -3,15 +3,17 @@
 #include "kv/error.hpp"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include <unistd.h>
@@ -77,6 +79,30 @@ void advise_huge_pages(void* data, std::size_t bytes) {
 #else
     (void)data;
     (void)bytes;
+#endif
+}
+
+void advise_heap_huge_pages() {
+#if defined(MADV_HUGEPAGE) && defined(__GLIBC__)
+    constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;
+    static std::mutex mutex;
+    static std::uintptr_t advised_end = 0;
+    const std::lock_guard lock(mutex);
+    if (advised_end == 0) {
+        // Fixed thresholds (setting any of them ends glibc's own adjusting of the mmap
+        // threshold): 32 MiB is where that adjusting stops anyway; the heap's top is extended by
+        // 64 MiB at a time and kept, so the advice below covers memory before it is touched.
+        mallopt(M_MMAP_THRESHOLD, 32 << 20);
+        mallopt(M_TOP_PAD, 64 << 20);
+        mallopt(M_TRIM_THRESHOLD, 256 << 20);
+        advised_end =
+            (reinterpret_cast<std::uintptr_t>(sbrk(0)) + huge_page - 1) & ~(huge_page - 1);
+        return;
+    }
+    const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(sbrk(0)) & ~(huge_page - 1);
+    if (end <= advised_end) return;
+    (void)madvise(reinterpret_cast<void*>(advised_end), end - advised_end, MADV_HUGEPAGE);
+    advised_end = end;
 #endif
 }
 

@@ -3,9 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <numeric>
 #include <string>
+
+#include <unistd.h>
 
 TEST_CASE("a bulk-read resize keeps the contents and the new size", "[memory]") {
     for (std::size_t count : {std::size_t{0}, std::size_t{10}, std::size_t{3} << 20}) {
@@ -40,6 +43,38 @@ TEST_CASE("huge pages are only a hint", "[memory]") {
     if (modes.empty()) WARN("transparent huge pages are not available here: the hint does nothing");
 }
 
+TEST_CASE("the heap grown between two calls is advised for huge pages", "[memory]") {
+    std::ifstream setting("/sys/kernel/mm/transparent_hugepage/enabled");
+    if (!setting) {
+        WARN("transparent huge pages are not available here: nothing to check");
+        return;
+    }
+    kv::advise_heap_huge_pages();
+    // 96 MiB in blocks of 300 KiB, each touched: the heap grows past the part advised before.
+    std::vector<std::vector<char>> blocks;
+    for (int i = 0; i < 320; ++i)
+        blocks.emplace_back(300 << 10, 'x');
+    kv::advise_heap_huge_pages();
+    // The last 2 MiB-aligned byte of the heap lies in a region whose flags say "hg".
+    const auto end = reinterpret_cast<std::uintptr_t>(sbrk(0)) & ~((std::uintptr_t{2} << 20) - 1);
+    std::ifstream maps("/proc/self/smaps");
+    bool inside = false, advised = false, found = false;
+    for (std::string line; std::getline(maps, line);) {
+        std::uintptr_t first = 0, last = 0;
+        // A region's first line is "first-last perms ..." (no field name parses as two numbers).
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &first, &last) == 2) {
+            inside = first <= end - 1 && end - 1 < last;
+            found = found || inside;
+        } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+            advised = line.find(" hg") != std::string::npos;
+            inside = false;
+        }
+    }
+    REQUIRE(found);
+    CHECK(advised);
+    CHECK(blocks.back().back() == 'x');
+}
+
 TEST_CASE("sizes that cannot fit fail before allocating, saying how much", "[memory]") {
     CHECK(kv::human_size(96) == "96 B");
     CHECK(kv::human_size(512.0 * 1024 * 1024) == "512.0 MiB");
@@ -52,7 +87,7 @@ TEST_CASE("sizes that cannot fit fail before allocating, saying how much", "[mem
     CHECK_THROWS_WITH(kv::require_memory(-1, "x"),
                       Catch::Contains("more bytes than can be counted"));
     CHECK_NOTHROW(kv::require_disk_space(1, "", "a file"));
-    CHECK_THROWS_WITH(kv::require_disk_space(1e40, "", "a file"),
-                      Catch::Contains("more bytes than can be counted") &&
-                          Catch::Contains(" free in "));
+    CHECK_THROWS_WITH(
+        kv::require_disk_space(1e40, "", "a file"),
+        Catch::Contains("more bytes than can be counted") && Catch::Contains(" free in "));
 }

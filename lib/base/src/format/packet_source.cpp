@@ -1,6 +1,7 @@
 #include "kv/format/packet_source.hpp"
 
 #include "kv/error.hpp"
+#include "kv/memory.hpp"
 
 namespace kv {
 
@@ -73,6 +74,7 @@ SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& stor
         sourced.from_memory = true;
         return sourced;
     }
+    advise_heap_huge_pages();  // kept packets: hundreds of small buffers, each faulted in anew
     sourced.packet = std::make_shared<Packet>(store->read(id));
     Packet& packet = *sourced.packet;
     // The codes of a quantised packet serve only to write it back unchanged.

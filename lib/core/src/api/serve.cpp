@@ -71,7 +71,7 @@ class Session {
     /// Checks the options against the loaded model and its tokenizer, and sets up the decoding
     /// attention; `sampler` samples, and the stores and packets come from `packets`.
     Session(const ServeOptions& options, ServeStats& stats, Sampler sampler, const Runtime& runtime,
-            PacketSource& packets);
+            PacketSource& packets, std::optional<KvCache>* kept_cache = nullptr);
     /// The --cache packets, in order, realigned, into a cache of the chosen tier; their indexes
     /// go to the sparse attention.
     void assemble_packets();
@@ -86,6 +86,8 @@ class Session {
     void decode(const Emit& emit);
     /// The sparse attention's counts and the rates, into the stats.
     void finish_stats();
+    /// Gives the cache in memory back to `kept_cache` for the next question.
+    void keep_cache();
 
   private:
     void report(const ServeProgress& progress) const {
@@ -97,6 +99,7 @@ class Session {
     Sampler sampler_;
     const Runtime& runtime_;
     PacketSource& packets_;
+    std::optional<KvCache>* kept_cache_;
     const Model& model_;
     const Tokenizer& tokenizer_;
     const int64_t context_;
@@ -121,12 +124,13 @@ const ServeOptions& checked(const ServeOptions& options) {
 }
 
 Session::Session(const ServeOptions& options, ServeStats& stats, Sampler sampler,
-                 const Runtime& runtime, PacketSource& packets)
+                 const Runtime& runtime, PacketSource& packets, std::optional<KvCache>* kept_cache)
     : options_(options),
       stats_(stats),
       sampler_(std::move(sampler)),
       runtime_(runtime),
       packets_(packets),
+      kept_cache_(kept_cache),
       model_(*runtime_.model),
       tokenizer_(*runtime_.tokenizer),
       context_(model_.config().max_position_embeddings),
@@ -199,10 +203,24 @@ void Session::assemble_packets() {
     prefill_start_ = Clock::now();
     const int64_t planned = planned_tokens();
     const double planning_seconds = seconds_since(prefill_start_);
-    cache_.emplace(offload_to_disk_
-                       ? KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
-                                          model_.dtype(), planned, options_.offload_dir)
-                       : model_.new_cache(planned));
+    // The previous question's cache, emptied, where it is in memory and not more than 4x what
+    // this one needs (one long question would otherwise keep its memory for every later one):
+    // fresh, its pages faulted in anew as the packets were copied in, a few percent of
+    // --requests' time.
+    const bool reuse = !offload_to_disk_ && kept_cache_ && *kept_cache_ &&
+                       (*kept_cache_)->capacity() <= 4 * std::max<int64_t>(planned, 256);
+    if (offload_to_disk_)
+        cache_.emplace(KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
+                                        model_.dtype(), planned, options_.offload_dir));
+    else if (reuse)
+        cache_.emplace(std::move(**kept_cache_));
+    else
+        cache_.emplace(model_.new_cache(planned));
+    if (kept_cache_) kept_cache_->reset();
+    if (reuse) {
+        cache_->clear();
+        cache_->reserve(planned);
+    }
     KvCache& cache = *cache_;
     stats_.offloaded_bytes = cache.offloaded_bytes();
 
@@ -453,6 +471,10 @@ void Session::finish_stats() {
             static_cast<double>(stats_.prompt_tokens) / stats_.prefill_seconds;
 }
 
+void Session::keep_cache() {
+    if (kept_cache_ && cache_ && !cache_->offloaded()) *kept_cache_ = std::move(cache_);
+}
+
 void run(Session& session, const Emit& emit) {
     session.assemble_packets();
     session.recompute();
@@ -460,18 +482,19 @@ void run(Session& session, const Emit& emit) {
     session.prefill_prompt(emit);
     session.decode(emit);
     session.finish_stats();
+    session.keep_cache();
 }
 
 }  // namespace
 
 ServeStats serve_loaded(const ServeOptions& options, const Runtime& runtime, PacketSource& packets,
-                        const Emit& emit, int threads) {
+                        const Emit& emit, int threads, std::optional<KvCache>* kept_cache) {
     ServeStats stats;
     torch::NoGradGuard no_grad;
     Sampler sampler(checked(options).sampling);
     stats.threads = threads;
     stats.seed = sampler.seed();
-    Session session(options, stats, std::move(sampler), runtime, packets);
+    Session session(options, stats, std::move(sampler), runtime, packets, kept_cache);
     run(session, emit);
     return stats;
 }

@@ -183,6 +183,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     report.load_seconds = seconds_since(load_start);
 
     PacketCache packets(options.cache_memory, report.threads);
+    std::optional<KvCache> kept_cache;  // the last question's, for the next one
     int64_t disk_packets_read = 0, disk_bytes_read = 0;
     const auto start = Clock::now();
     int64_t number = 0;
@@ -198,7 +199,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
             const ServeOptions request = request_options(fields, defaults);
             result.stats = serve_loaded(
                 request, runtime, packets, [&](std::string_view text) { result.text += text; },
-                report.threads);
+                report.threads, &kept_cache);
             result.ok = true;
         } catch (const std::exception& error) {
             result.error = one_line(error.what());

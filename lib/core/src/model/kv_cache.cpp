@@ -199,6 +199,13 @@ void KvCache::reserve(int64_t capacity) {
     capacity_ = capacity;
 }
 
+void KvCache::clear() {
+    length_ = 0;
+    pending_ = 0;
+    next_position_ = 0;
+    valid_.clear();  // no padding until a padded packet brings some again
+}
+
 KvCache::RowsAfterEnd KvCache::rows_after_end(int64_t count) {
     if (arena_ || !device_.is_cpu())
         throw UnsupportedError("kv cache: rows are written in place only in host memory");

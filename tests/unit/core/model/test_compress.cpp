@@ -565,6 +565,23 @@ TEST_CASE("padding slots of a head are never attended to", "[compress]") {
     CHECK(torch::equal(cache.key_valid(0), valid));
     cache.append({k.narrow(1, 0, 1)}, {v.narrow(1, 0, 1)}, torch::full({1}, 10, torch::kInt64));
     CHECK(cache.key_valid(0).narrow(1, 5, 1).all().item<bool>());
+
+    // Cleared for the next sequence (kvserve-once --requests), it keeps its memory and forgets
+    // the padding, the tokens and the positions: unpadded tokens are whole again.
+    const int64_t capacity = cache.capacity();
+    const void* memory = cache.keys(0).data_ptr();
+    cache.clear();
+    CHECK(cache.length() == 0);
+    CHECK(cache.next_position() == 0);
+    CHECK_FALSE(cache.has_padding());
+    cache.append({k}, {v}, torch::arange(5, torch::kInt64));
+    CHECK_FALSE(cache.has_padding());
+    CHECK(cache.capacity() == capacity);
+    CHECK(cache.keys(0).data_ptr() == memory);
+    CHECK(torch::equal(cache.keys(0), k));
+    CHECK(torch::equal(cache.values(0), v));
+    CHECK(torch::equal(cache.positions(), torch::arange(5, torch::kInt64)));
+    CHECK(cache.next_position() == 5);
 }
 
 TEST_CASE("packing per-head packets concatenates each head's tokens", "[compress]") {

@@ -75,6 +75,36 @@ TEST_CASE("packed packets equal a block-diagonal pass over all documents", "[pac
     }
 }
 
+TEST_CASE("a cleared cache answers the next question as a fresh one does, bit for bit",
+          "[packets]") {
+    // kvserve-once --requests empties the last question's cache for the next one.
+    ModelConfig config = testing::small_config("LlamaForCausalLM");
+    auto model = Model::from_weights(testing::make_random_model(config, 31).weights,
+                                     torch::kFloat32, torch::kCPU);
+    torch::NoGradGuard no_grad;
+    const Packet a = bake_alone(*model, {1, 4, 9, 16, 25, 36}, "a");
+    const Packet b = bake_alone(*model, {2, 3, 5, 7}, "b");
+    const Packet c = bake_alone(*model, {8, 6, 7, 5, 3, 0, 9}, "c");
+    const std::vector<int32_t> question = {12, 14, 6};
+    KvCache reused = model->new_cache(64);
+    append_packet(model->rope(), reused, a, CacheDtype::f32);
+    append_packet(model->rope(), reused, b, CacheDtype::f32);
+    model->prefill(question, reused);
+    reused.clear();
+    append_packet(model->rope(), reused, c, CacheDtype::f32);
+    const torch::Tensor from_reused = model->prefill(question, reused);
+    KvCache fresh = model->new_cache(64);
+    append_packet(model->rope(), fresh, c, CacheDtype::f32);
+    const torch::Tensor from_fresh = model->prefill(question, fresh);
+    CHECK(torch::equal(from_reused, from_fresh));
+    REQUIRE(reused.length() == fresh.length());
+    CHECK(torch::equal(reused.positions(), fresh.positions()));
+    for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+        CHECK(torch::equal(reused.keys(layer), fresh.keys(layer)));
+        CHECK(torch::equal(reused.values(layer), fresh.values(layer)));
+    }
+}
+
 TEST_CASE("a compressed packet keeps its logical length when packed", "[packets]") {
     auto model = Model::from_weights(
         testing::make_random_model(testing::small_config("llama2.c"), 5).weights, torch::kFloat32,

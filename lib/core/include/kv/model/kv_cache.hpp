@@ -112,6 +112,11 @@ class KvCache {
     bool has_padding() const { return !valid_.empty(); }
 
     void reserve(int64_t capacity);
+    /// Empties the cache for another sequence and keeps its memory (capacity, pages already
+    /// faulted in): a --requests job's next question starts from the last one's cache.
+    void clear();
+    /// Tokens the cache holds room for without growing.
+    int64_t capacity() const { return capacity_; }
 
     /// Where the rows of `count` tokens after the last stored one are, in a host cache in
     /// memory (room for them reserved first): per layer, the address of kv head 0's first such
