@@ -641,19 +641,73 @@ __attribute__((target("avx512f"))) void exp_shifted_avx512(float* x, int64_t cou
 }
 
 // Rows softmaxed together by softmax_rows.
-constexpr int64_t softmax_group = 4;
+constexpr int64_t softmax_group = 8;
+
+// totals[g] += rows[g][n] for n < common, each row's sum in its own order, the rows' chains of
+// dependent additions interleaved and kept in registers (a chain through memory, one row's total
+// stored and loaded again at every key, was most of a question's softmax).
+template <int Rows>
+void add_rows_interleaved(float* const* rows, int64_t common, double* totals) {
+    double sums[Rows];
+    const float* row[Rows];
+#pragma GCC unroll 8
+    for (int g = 0; g < Rows; ++g) {
+        sums[g] = totals[g];
+        row[g] = rows[g];
+    }
+    for (int64_t n = 0; n < common; ++n)
+#pragma GCC unroll 8
+        for (int g = 0; g < Rows; ++g)
+            sums[g] += row[g][n];
+#pragma GCC unroll 8
+    for (int g = 0; g < Rows; ++g)
+        totals[g] = sums[g];
+}
+
+void add_rows_interleaved(float* const* rows, int64_t count, int64_t common, double* totals) {
+    switch (count) {
+        case 1:
+            return add_rows_interleaved<1>(rows, common, totals);
+        case 2:
+            return add_rows_interleaved<2>(rows, common, totals);
+        case 3:
+            return add_rows_interleaved<3>(rows, common, totals);
+        case 4:
+            return add_rows_interleaved<4>(rows, common, totals);
+        case 5:
+            return add_rows_interleaved<5>(rows, common, totals);
+        case 6:
+            return add_rows_interleaved<6>(rows, common, totals);
+        case 7:
+            return add_rows_interleaved<7>(rows, common, totals);
+        default:
+            return add_rows_interleaved<8>(rows, common, totals);
+    }
+}
+static_assert(softmax_group <= 8);
+
+// x[n] *= factor on vectors: the same products as one at a time.
+__attribute__((target("avx512f"))) void multiply_avx512(float* x, int64_t count, float factor) {
+    const __m512 by = _mm512_set1_ps(factor);
+    int64_t n = 0;
+    for (; n + 16 <= count; n += 16)
+        _mm512_storeu_ps(x + n, _mm512_mul_ps(_mm512_loadu_ps(x + n), by));
+    for (; n < count; ++n)
+        x[n] *= factor;
+}
 
 // softmax_scaled_in_place over up to softmax_group rows, with its arithmetic for each row: the
 // exponentials and their double sum in each row's own order, the rows interleaved so that their
 // sums' chains of dependent additions overlap (one row's chain over 32k keys was most of its
 // time).
 void softmax_rows(float* const* rows, const int64_t* counts, int64_t count, float scale) {
+    const bool avx512 = isa == Isa::avx512 || isa == Isa::avx512_bf16;
     float best[softmax_group];
     double total[softmax_group] = {};
     int64_t common = std::numeric_limits<int64_t>::max();
     for (int64_t g = 0; g < count; ++g) {
         common = std::min(common, counts[g]);
-        if (isa == Isa::avx512 || isa == Isa::avx512_bf16) {
+        if (avx512) {
             best[g] = scale_and_max_avx512(rows[g], counts[g], scale);
         } else {
             best[g] = -std::numeric_limits<float>::infinity();
@@ -663,21 +717,19 @@ void softmax_rows(float* const* rows, const int64_t* counts, int64_t count, floa
     }
     for (int64_t g = 0; g < count; ++g)
         exp_shifted_in_place(rows[g], counts[g], best[g]);
-    if (count == softmax_group) {
-        for (int64_t n = 0; n < common; ++n)
-            for (int64_t g = 0; g < softmax_group; ++g)
-                total[g] += rows[g][n];
-    } else {
-        common = 0;
-    }
+    if (count > 0) add_rows_interleaved(rows, count, common, total);
     for (int64_t g = 0; g < count; ++g) {
         if (counts[g] == 0) continue;
         float* row = rows[g];
         for (int64_t n = common; n < counts[g]; ++n)
             total[g] += row[n];
         const float inverse = static_cast<float>(1.0 / total[g]);
-        for (int64_t n = 0; n < counts[g]; ++n)
-            row[n] *= inverse;
+        if (avx512) {
+            multiply_avx512(row, counts[g], inverse);
+        } else {
+            for (int64_t n = 0; n < counts[g]; ++n)
+                row[n] *= inverse;
+        }
     }
 }
 
