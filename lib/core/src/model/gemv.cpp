@@ -889,6 +889,40 @@ void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, 
     }
 }
 
+bool gemm_few_bf16_fits(int64_t tokens, int64_t columns) {
+    return isa == Isa::avx512_bf16 && tokens >= 1 && tokens <= max_few_tokens && columns % 32 == 0;
+}
+
+void gemm_few_bf16(const uint16_t* weights, const float* x, float* y, int64_t tokens, int64_t rows,
+                   int64_t columns) {
+    if (!gemm_few_bf16_fits(tokens, columns))
+        throw std::invalid_argument("gemm_few_bf16: needs AVX512-BF16, 1 to " +
+                                    std::to_string(max_few_tokens) +
+                                    " tokens and a multiple of 32 columns");
+    const std::vector<uint16_t> rounded = to_bf16(x, tokens * columns);
+    // Blocks of weight rows small enough (~128 KiB) to stay in L2 while every group of 4 tokens
+    // goes over them: the weights come from memory once, as one token's gemv reads them.
+    const int64_t block = std::max<int64_t>(4, ((int64_t{1} << 17) / (columns * 2)) & ~int64_t{3});
+    at::parallel_for(0, (rows + block - 1) / block, 1, [&](int64_t first, int64_t last) {
+        for (int64_t b = first; b < last; ++b) {
+            const int64_t begin = b * block, end = std::min(rows, begin + block);
+            const int64_t fours = (end - begin) & ~int64_t{3};
+            int64_t t = 0;
+            for (; t + 4 <= tokens; t += 4) {
+                if (fours > 0)
+                    dot4x4_dpbf16(weights + begin * columns, rounded.data() + t * columns,
+                                  y + t * rows + begin, rows, fours, columns);
+                for (int64_t r = t; r < t + 4; ++r)
+                    rows_avx512_dpbf16(weights, rounded.data() + r * columns, y + r * rows,
+                                       begin + fours, end, columns);
+            }
+            for (; t < tokens; ++t)
+                rows_avx512_dpbf16(weights, rounded.data() + t * columns, y + t * rows, begin, end,
+                                   columns);
+        }
+    });
+}
+
 void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int64_t columns) {
     switch (isa) {
         case Isa::avx512_bf16:

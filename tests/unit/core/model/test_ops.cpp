@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 using namespace kv;
 
@@ -803,6 +804,48 @@ TEST_CASE("the gemv kernels match the float64 reference for f32 and bf16 weights
             CHECK(max_abs_difference(got, expected) < tolerance);
         }
     }
+}
+
+TEST_CASE("a few tokens through bf16 weights: each token's bits are one-token decoding's",
+          "[ops][gemv]") {
+    if (!kv::gemm_few_bf16_fits(2, 32)) {
+        WARN("no AVX512-BF16 here: the few-tokens kernel is not used (linear takes libtorch's)");
+        return;
+    }
+    // Rows by 4 and left over, blocks of rows (2048 columns: 32 rows a block), tokens by 4 and
+    // left over, the most tokens the kernel takes.
+    for (auto [tokens, rows, columns] : {std::tuple<int64_t, int64_t, int64_t>{2, 5, 32},
+                                         {9, 37, 256},
+                                         {4, 640, 256},
+                                         {22, 256, 640},
+                                         {kv::max_few_tokens, 70, 2048}}) {
+        CAPTURE(tokens, rows, columns);
+        const torch::Tensor weight = random_tensor({rows, columns}, 30).to(torch::kBFloat16);
+        const torch::Tensor x = random_tensor({tokens, columns}, 31).to(torch::kBFloat16);
+        torch::NoGradGuard no_grad;
+        const torch::Tensor got = kv::linear(x, weight).to(torch::kFloat32);
+        for (int64_t t = 0; t < tokens; ++t)
+            CHECK(
+                torch::equal(got[t], kv::linear(x.narrow(0, t, 1), weight)[0].to(torch::kFloat32)));
+        // And against float64 over the stored values.
+        const auto w = to_vector(weight), input = to_vector(x), out = to_vector(got);
+        double worst = 0;
+        for (int64_t t = 0; t < tokens; ++t)
+            for (int64_t n = 0; n < rows; ++n) {
+                double sum = 0;
+                for (int64_t k = 0; k < columns; ++k)
+                    sum += w[n * columns + k] * input[t * columns + k];
+                worst = std::max(worst, std::abs(out[t * rows + n] - sum) / (1 + std::abs(sum)));
+            }
+        CHECK(worst < 1e-2);  // the output's rounding to bf16
+    }
+    // Outside what it takes, it refuses rather than computing something else.
+    CHECK_FALSE(kv::gemm_few_bf16_fits(kv::max_few_tokens + 1, 32));
+    CHECK_FALSE(kv::gemm_few_bf16_fits(2, 48));
+    std::vector<uint16_t> weights(48);
+    std::vector<float> in(96), out(4);
+    CHECK_THROWS_AS(kv::gemm_few_bf16(weights.data(), in.data(), out.data(), 2, 2, 48),
+                    std::invalid_argument);
 }
 
 TEST_CASE("the kernel for many short rows matches the float64 reference", "[ops][gemv]") {

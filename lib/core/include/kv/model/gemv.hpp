@@ -15,6 +15,16 @@ namespace kv {
 void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, int64_t columns);
 void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int64_t columns);
 
+/// A few tokens through bf16 weights (a short question's prefill): y[t * rows + n] = sum_k
+/// weights[n][k] * x[t * columns + k] for t < tokens, with the weights read from memory once
+/// for all of them (blocks of rows kept in L2 while every token goes over them), each output
+/// the same bits as gemv_bf16 gives that token alone. Only where gemm_few_bf16_fits: the CPU has
+/// AVX512-BF16, 1 to max_few_tokens tokens, columns a multiple of 32; throws otherwise.
+inline constexpr int64_t max_few_tokens = 64;
+bool gemm_few_bf16_fits(int64_t tokens, int64_t columns);
+void gemm_few_bf16(const uint16_t* weights, const float* x, float* y, int64_t tokens, int64_t rows,
+                   int64_t columns);
+
 /// Serial building blocks for kernels that parallelise at a coarser level (attention over heads):
 /// y[n] = dot(rows[n], x) for n < count, and out[d] += sum_n weights[n] * rows[n][d].
 void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count, int64_t columns);
