@@ -198,6 +198,14 @@ TensorStorage tensor_storage(hid_t dataset) {
     return storage;
 }
 
+// A thread costs tens of microseconds to start and join (more when the other cores are busy and
+// it waits its turn), what decompressing a few hundred kilobytes takes.
+int threads_for(std::size_t bytes, int threads, std::size_t per_thread) {
+    return static_cast<int>(
+        std::clamp<std::size_t>(bytes / std::max<std::size_t>(per_thread, 1), 1,
+                                static_cast<std::size_t>(std::max(threads, 1))));
+}
+
 int default_read_threads() {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -289,15 +297,6 @@ class WorkerPool {
 WorkerPool& worker_pool() {
     static WorkerPool pool;
     return pool;
-}
-
-// The threads worth starting for `bytes` of output, one per `per_thread` bytes: a thread costs
-// tens of microseconds to start and join (more when the other cores are busy and it waits its
-// turn), what decompressing a few hundred kilobytes takes.
-int threads_for(std::size_t bytes, int threads, std::size_t per_thread) {
-    return static_cast<int>(
-        std::clamp<std::size_t>(bytes / std::max<std::size_t>(per_thread, 1), 1,
-                                static_cast<std::size_t>(std::max(threads, 1))));
 }
 
 struct Chunk {

@@ -66,4 +66,8 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
 /// The threads read_tensor_directly uses for 0: the cores this process may run on.
 int default_read_threads();
 
+/// The threads read_tensor_directly starts for `bytes` of output: one per `per_thread` bytes,
+/// at least 1 and at most `threads` (at least 1).
+int threads_for(std::size_t bytes, int threads, std::size_t per_thread);
+
 }  // namespace kv::format

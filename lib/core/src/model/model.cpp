@@ -238,16 +238,19 @@ torch::Tensor Model::embed(std::span<const int32_t> tokens) const {
 }
 
 Model::Projected Model::project(const Layer& layer, const torch::Tensor& x,
-                                const torch::Tensor& positions) const {
+                                const torch::Tensor& positions, bool after_context) const {
     const int64_t tokens = x.size(0), head_dim = config_.head_dim;
     const torch::Tensor normed = rms_norm(x, layer.attention_norm, config_.rms_norm_eps);
     // [T, H*D] -> [H, T, D]
     auto heads = [&](const torch::Tensor& projected, int64_t count) {
         return projected.view({tokens, count, head_dim}).transpose(0, 1);
     };
-    torch::Tensor q = heads(kv::linear(normed, layer.q_proj, layer.q_bias), config_.num_heads);
-    torch::Tensor k = heads(kv::linear(normed, layer.k_proj, layer.k_bias), config_.num_kv_heads);
-    torch::Tensor v = heads(kv::linear(normed, layer.v_proj, layer.v_bias), config_.num_kv_heads);
+    torch::Tensor q =
+        heads(kv::linear(normed, layer.q_proj, layer.q_bias, after_context), config_.num_heads);
+    torch::Tensor k =
+        heads(kv::linear(normed, layer.k_proj, layer.k_bias, after_context), config_.num_kv_heads);
+    torch::Tensor v =
+        heads(kv::linear(normed, layer.v_proj, layer.v_bias, after_context), config_.num_kv_heads);
     if (config_.qk_norm) {
         q = rms_norm(q, layer.q_norm, config_.rms_norm_eps);
         k = rms_norm(k, layer.k_norm, config_.rms_norm_eps);
@@ -266,11 +269,12 @@ torch::Tensor Model::attend(const Layer& layer, const torch::Tensor& queries,
         layer.o_proj);
 }
 
-torch::Tensor Model::mlp_block(const Layer& layer, const torch::Tensor& x) const {
+torch::Tensor Model::mlp_block(const Layer& layer, const torch::Tensor& x,
+                               bool after_context) const {
     const torch::Tensor normed = rms_norm(x, layer.mlp_norm, config_.rms_norm_eps);
-    return kv::linear(
-        swiglu(kv::linear(normed, layer.gate_proj), kv::linear(normed, layer.up_proj)),
-        layer.down_proj);
+    return kv::linear(swiglu(kv::linear(normed, layer.gate_proj, {}, after_context),
+                             kv::linear(normed, layer.up_proj, {}, after_context)),
+                      layer.down_proj, {}, after_context);
 }
 
 torch::Tensor Model::check_embeddings(const torch::Tensor& embeddings) const {
@@ -285,12 +289,15 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
                              QueryObserver* observer) const {
     torch::Tensor x = check_embeddings(embeddings);
     const torch::Tensor positions_here = positions.to(device_, torch::kInt64);
+    // Tokens after a cached context (a question, the last block of a long prefill) may take the
+    // few-token kernel; a document's first block never does (kv::linear says why).
+    const bool after_context = cache.length() > 0;
     cache.begin_append(positions_here);
     try {
         for (std::size_t i = 0; i < layers_.size(); ++i) {
             const Layer& layer = layers_[i];
             const int64_t index = static_cast<int64_t>(i);
-            const Projected projected = project(layer, x, positions_here);
+            const Projected projected = project(layer, x, positions_here, after_context);
             cache.write(index, projected.keys, projected.values);
             if (observer)
                 observer->observe(index, projected.queries, positions_here, cache.keys(index),
@@ -325,8 +332,8 @@ torch::Tensor Model::forward(const torch::Tensor& embeddings, const torch::Tenso
                                                                 attention_start)
                                       .count());
             x = x + kv::linear(attended.reshape({x.size(0), config_.num_heads * config_.head_dim}),
-                               layer.o_proj);
-            x = x + mlp_block(layer, x);
+                               layer.o_proj, {}, after_context);
+            x = x + mlp_block(layer, x, after_context);
             // What this layer read of an offloaded cache leaves the process again.
             cache.release_pages(index);
         }

@@ -101,8 +101,8 @@ bool use_few_tokens_kernel(const torch::Tensor& x, const torch::Tensor& weight) 
 
 }  // namespace
 
-torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const torch::Tensor& bias) {
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     bool after_context) {
     torch::Tensor y;
     if (use_gemv_kernel(x, weight)) {
         const torch::Tensor input = x.to(torch::kFloat32).contiguous();
@@ -114,7 +114,7 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight,
             gemv_f32(weight.data_ptr<float>(), input.data_ptr<float>(), output.data_ptr<float>(),
                      weight.size(0), weight.size(1));
         y = output.to(x.scalar_type());
-    } else if (use_few_tokens_kernel(x, weight)) {
+    } else if (after_context && use_few_tokens_kernel(x, weight)) {
         const torch::Tensor input = x.to(torch::kFloat32).contiguous();
         torch::Tensor output = torch::empty({x.size(0), weight.size(0)}, torch::kFloat32);
         gemm_few_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr()), input.data_ptr<float>(),

@@ -97,6 +97,22 @@ void flip_byte(const std::filesystem::path& path, uint64_t at) {
 
 }  // namespace
 
+TEST_CASE("a read starts a thread per 512 KiB of output, within the threads it may use",
+          "[direct_read]") {
+    using kv::format::read_bytes_per_thread;
+    using kv::format::threads_for;
+    CHECK(read_bytes_per_thread == std::size_t{512} << 10);
+    // A demo-model packet's keys (260 tokens x 1 KiB: 260 KiB) stay on the calling thread.
+    CHECK(threads_for(260 << 10, 2, read_bytes_per_thread) == 1);
+    CHECK(threads_for(0, 2, read_bytes_per_thread) == 1);
+    CHECK(threads_for((std::size_t{1} << 20) - 1, 8, read_bytes_per_thread) == 1);
+    CHECK(threads_for(std::size_t{1} << 20, 8, read_bytes_per_thread) == 2);
+    // A 1B model's 32k-token keys (512 MiB) use every thread allowed, and never fewer than one.
+    CHECK(threads_for(std::size_t{512} << 20, 2, read_bytes_per_thread) == 2);
+    CHECK(threads_for(std::size_t{512} << 20, 0, read_bytes_per_thread) == 1);
+    CHECK(threads_for(std::size_t{512} << 20, 3, 0) == 3);
+}
+
 TEST_CASE("Fletcher32 is HDF5's, whole or in pieces", "[direct_read]") {
     for (std::size_t length :
          {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{15}, std::size_t{16},

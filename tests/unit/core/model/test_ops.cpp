@@ -823,7 +823,11 @@ TEST_CASE("a few tokens through bf16 weights: each token's bits are one-token de
         const torch::Tensor weight = random_tensor({rows, columns}, 30).to(torch::kBFloat16);
         const torch::Tensor x = random_tensor({tokens, columns}, 31).to(torch::kBFloat16);
         torch::NoGradGuard no_grad;
-        const torch::Tensor got = kv::linear(x, weight).to(torch::kFloat32);
+        const torch::Tensor got =
+            kv::linear(x, weight, {}, /*after_context=*/true).to(torch::kFloat32);
+        // Not after a context (a document's tokens), the rows take libtorch's matmul, whatever
+        // their number: a document has the same bits alone as in a batch.
+        CHECK(torch::equal(kv::linear(x, weight), torch::matmul(x, weight.t())));
         for (int64_t t = 0; t < tokens; ++t)
             CHECK(
                 torch::equal(got[t], kv::linear(x.narrow(0, t, 1), weight)[0].to(torch::kFloat32)));

@@ -117,8 +117,7 @@ class Model {
     /// With `observer`, every layer's queries are shown to it (compression scores).
     torch::Tensor forward(const torch::Tensor& embeddings, const torch::Tensor& positions,
                           KvCache& cache, const torch::Tensor& allow = {},
-                          RowChooser* chooser = nullptr,
-                          QueryObserver* observer = nullptr) const;
+                          RowChooser* chooser = nullptr, QueryObserver* observer = nullptr) const;
 
     /// Per layer, keys (after RoPE) and values [Hkv, S, D] of tokens before a sequence.
     using LayerKeysValues = std::vector<std::pair<torch::Tensor, torch::Tensor>>;
@@ -160,8 +159,7 @@ class Model {
     /// chunks of at most `chunk` tokens to bound memory; returns the last token's logits [vocab]
     /// (float32, CPU).
     torch::Tensor prefill(std::span<const int32_t> tokens, KvCache& cache, int64_t chunk = 512,
-                          RowChooser* chooser = nullptr,
-                          QueryObserver* observer = nullptr) const;
+                          RowChooser* chooser = nullptr, QueryObserver* observer = nullptr) const;
 
     /// prefill() computed layer by layer instead of chunk by chunk: every token goes through
     /// layer i (in chunks of `chunk` rows, each query chunk reading the keys up to its own)
@@ -183,12 +181,14 @@ class Model {
     struct Projected {
         torch::Tensor queries, keys, values;  // [H, T, D], keys after RoPE
     };
-    Projected project(const Layer& layer, const torch::Tensor& x,
-                      const torch::Tensor& positions) const;
+    /// `after_context`: x follows tokens already in a cache (kv::linear says what it changes).
+    Projected project(const Layer& layer, const torch::Tensor& x, const torch::Tensor& positions,
+                      bool after_context = false) const;
     torch::Tensor attend(const Layer& layer, const torch::Tensor& queries,
                          const torch::Tensor& keys, const torch::Tensor& values,
                          const AttentionMask& mask) const;
-    torch::Tensor mlp_block(const Layer& layer, const torch::Tensor& x) const;
+    torch::Tensor mlp_block(const Layer& layer, const torch::Tensor& x,
+                            bool after_context = false) const;
     torch::Tensor check_embeddings(const torch::Tensor& embeddings) const;
 
     ModelConfig config_;
