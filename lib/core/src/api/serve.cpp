@@ -209,18 +209,17 @@ void Session::assemble_packets() {
     // --requests' time.
     const bool reuse = !offload_to_disk_ && kept_cache_ && *kept_cache_ &&
                        (*kept_cache_)->capacity() <= 4 * std::max<int64_t>(planned, 256);
-    if (offload_to_disk_)
+    if (offload_to_disk_) {
         cache_.emplace(KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
                                         model_.dtype(), planned, options_.offload_dir));
-    else if (reuse)
+    } else if (reuse) {
         cache_.emplace(std::move(**kept_cache_));
-    else
-        cache_.emplace(model_.new_cache(planned));
-    if (kept_cache_) kept_cache_->reset();
-    if (reuse) {
         cache_->clear();
         cache_->reserve(planned);
+    } else {
+        cache_.emplace(model_.new_cache(planned));
     }
+    if (kept_cache_) kept_cache_->reset();  // one not reused goes
     KvCache& cache = *cache_;
     stats_.offloaded_bytes = cache.offloaded_bytes();
 

@@ -654,7 +654,7 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
     if (storage.bf16_keys && head_dim_ % 2 != 0)
         throw UsageError("dci: bf16 keys need an even head_dim");
     if (!storage.floats) {
-        // Huge pages where it is large (a 32k-token head's is ~5 MiB): zeroed 4 KiB page by page,
+        // Huge pages where it is large (a 32k-token head's is ~4.3 MiB): zeroed 4 KiB page by page,
         // the storage was half of restoring a 1B shape's 128 indexes (perf: the page faults).
         owned_storage_.clear();
         resize_for_bulk_read(owned_storage_, static_cast<std::size_t>(dci_storage_floats(

@@ -1,6 +1,7 @@
 #include "kv/model/attention_rows.hpp"
 
 #include "isa.hpp"
+#include "kernel_scratch.hpp"
 #include "kv/avx512_lanes.hpp"
 #include "kv/float_convert.hpp"
 
@@ -30,11 +31,10 @@ inline void store_scalar(uint16_t* p, float value) {
     *p = float_to_bf16(value);
 }
 
-// A row's working copy in float32: one per thread, reused.
+// A row's working copy in float32.
+struct RowCopy {};
 float* scratch(int64_t count) {
-    thread_local std::vector<float> buffer;
-    if (static_cast<int64_t>(buffer.size()) < count) buffer.resize(static_cast<std::size_t>(count));
-    return buffer.data();
+    return kernel_scratch<RowCopy>(count);
 }
 
 template <typename T>

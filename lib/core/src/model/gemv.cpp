@@ -1,6 +1,7 @@
 #include "kv/model/gemv.hpp"
 
 #include "isa.hpp"
+#include "kernel_scratch.hpp"
 #include "kv/float_convert.hpp"
 
 #include <ATen/Parallel.h>
@@ -830,18 +831,11 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
     }
 }
 
-// attend_rows' scores, one buffer per thread kept between calls: a fresh zero-filled vector per
-// call (per layer and kv head) cost a 1B model's 9-token question over 32k keys 128 allocations of
-// 4.5 MiB, each zero-filled and most faulted in anew. Every score is written before it is read
-// (only the keys a row sees are scored, softmaxed and summed), so the buffer needs no clearing.
-float* score_scratch(int64_t count) {
-    thread_local std::vector<float> buffer;
-    if (static_cast<int64_t>(buffer.size()) < count) {
-        buffer = {};  // no copy of the old scores into the larger buffer
-        buffer.resize(static_cast<std::size_t>(count));
-    }
-    return buffer.data();
-}
+// attend_rows' scores: a fresh zero-filled vector per call (per layer and kv head) cost a 1B
+// model's 9-token question over 32k keys 128 allocations of 4.5 MiB, each zero-filled and most
+// faulted in anew. Every score is written before it is read (only the keys a row sees are scored,
+// softmaxed and summed).
+struct AttendScores {};
 
 template <typename Weight>
 void attend_rows_typed(const Weight* keys, const Weight* values, const float* queries,
@@ -856,7 +850,7 @@ void attend_rows_typed(const Weight* keys, const Weight* values, const float* qu
     if (std::is_same_v<Weight, uint16_t> && isa == Isa::avx512_bf16)
         rounded = to_bf16(queries, count * columns);
     const int64_t chunk = std::clamp<int64_t>(attend_score_floats / longest, 1, count);
-    float* scores = score_scratch(chunk * longest);
+    float* scores = kernel_scratch<AttendScores>(chunk * longest);
     for (int64_t first = 0; first < count; first += chunk)
         attend_row_chunk(keys, values, queries, rounded.empty() ? nullptr : rounded.data(), first,
                          std::min(chunk, count - first), visible, columns, scale, out, scores,

@@ -75,15 +75,18 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 namespace {
 
-// One-token decoding on CPU goes through kv's own matrix-vector kernels (see gemv.hpp); they are
-// not differentiable, so anything autograd must see takes libtorch's path.
-bool use_gemv_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
-    if (x.dim() != 2 || x.size(0) != 1 || !x.device().is_cpu() || !weight.device().is_cpu())
-        return false;
+// Where kv's own kernels may serve x [T, K] W^T: both on the CPU, W 2-D and contiguous, and
+// nothing autograd must see (they are not differentiable).
+bool own_kernel_may_serve(const torch::Tensor& x, const torch::Tensor& weight) {
+    if (x.dim() != 2 || !x.device().is_cpu() || !weight.device().is_cpu()) return false;
     if (!weight.is_contiguous() || weight.dim() != 2) return false;
-    if (weight.scalar_type() != torch::kFloat32 && weight.scalar_type() != torch::kBFloat16)
-        return false;
     return !at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad());
+}
+
+// One-token decoding on CPU goes through kv's own matrix-vector kernels (see gemv.hpp).
+bool use_gemv_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
+    return own_kernel_may_serve(x, weight) && x.size(0) == 1 &&
+           (weight.scalar_type() == torch::kFloat32 || weight.scalar_type() == torch::kBFloat16);
 }
 
 // A few tokens (a question after a cached context) through bf16 weights: kv's kernel reads the
@@ -91,12 +94,9 @@ bool use_gemv_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
 // 1B model's 9-token question after 4,096 cached tokens: prefill 0.164 s through oneDNN's bf16
 // matmul, 0.118 s through this (bench/results/ttft-few-tokens.json).
 bool use_few_tokens_kernel(const torch::Tensor& x, const torch::Tensor& weight) {
-    if (x.dim() != 2 || x.size(0) < 2 || !x.device().is_cpu() || !weight.device().is_cpu())
-        return false;
-    if (weight.scalar_type() != torch::kBFloat16 || !weight.is_contiguous() || weight.dim() != 2)
-        return false;
-    if (!gemm_few_bf16_fits(x.size(0), weight.size(1))) return false;
-    return !at::GradMode::is_enabled() || (!x.requires_grad() && !weight.requires_grad());
+    return own_kernel_may_serve(x, weight) && x.size(0) >= 2 &&
+           weight.scalar_type() == torch::kBFloat16 &&
+           gemm_few_bf16_fits(x.size(0), weight.size(1));
 }
 
 }  // namespace
@@ -104,21 +104,20 @@ bool use_few_tokens_kernel(const torch::Tensor& x, const torch::Tensor& weight) 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool after_context) {
     torch::Tensor y;
-    if (use_gemv_kernel(x, weight)) {
+    const bool gemv = use_gemv_kernel(x, weight);
+    if (gemv || (after_context && use_few_tokens_kernel(x, weight))) {
         const torch::Tensor input = x.to(torch::kFloat32).contiguous();
-        torch::Tensor output = torch::empty({1, weight.size(0)}, torch::kFloat32);
-        if (weight.scalar_type() == torch::kBFloat16)
-            gemv_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr()), input.data_ptr<float>(),
-                      output.data_ptr<float>(), weight.size(0), weight.size(1));
+        torch::Tensor output = torch::empty({x.size(0), weight.size(0)}, torch::kFloat32);
+        const auto* bf16 = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+        if (!gemv)
+            gemm_few_bf16(bf16, input.data_ptr<float>(), output.data_ptr<float>(), x.size(0),
+                          weight.size(0), weight.size(1));
+        else if (weight.scalar_type() == torch::kBFloat16)
+            gemv_bf16(bf16, input.data_ptr<float>(), output.data_ptr<float>(), weight.size(0),
+                      weight.size(1));
         else
             gemv_f32(weight.data_ptr<float>(), input.data_ptr<float>(), output.data_ptr<float>(),
                      weight.size(0), weight.size(1));
-        y = output.to(x.scalar_type());
-    } else if (after_context && use_few_tokens_kernel(x, weight)) {
-        const torch::Tensor input = x.to(torch::kFloat32).contiguous();
-        torch::Tensor output = torch::empty({x.size(0), weight.size(0)}, torch::kFloat32);
-        gemm_few_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr()), input.data_ptr<float>(),
-                      output.data_ptr<float>(), x.size(0), weight.size(0), weight.size(1));
         y = output.to(x.scalar_type());
     } else if (x.dim() == 2 && x.size(0) == 1) {
         y = torch::mv(weight, x.select(0, 0)).unsqueeze(0);
