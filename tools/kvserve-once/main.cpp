@@ -10,6 +10,9 @@
 #include "kv/text/chat_template.hpp"
 #include "tool.hpp"
 
+#include <unistd.h>
+#include <ext/stdio_filebuf.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -19,6 +22,7 @@
 #include <iostream>
 #include <iterator>
 #include <limits>
+#include <optional>
 
 int main(int argc, char** argv) {
     kv::cli::ModelOptions model;
@@ -29,6 +33,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> cache_paths;
     uint64_t seed = 0;
     uint64_t cache_memory = 0;
+    int read_ahead = 2;
     bool no_bos = false;
     bool chat = false;
     std::string system;
@@ -57,6 +62,11 @@ int main(int argc, char** argv) {
                        "--requests: memory for the packets kept loaded for later requests, the "
                        "least recently used dropped first (default 1G; 0: none)")
             ->transform(CLI::AsSizeValue(false));
+        app.add_option("--read-ahead", read_ahead,
+                       "--requests: read the packets of up to N requests already waiting in the "
+                       "input on a second thread while the one before them is served (default "
+                       "2; 0: each request's when it is served)")
+            ->check(kv::cli::whole_number(0, 64, "more would hold packets to no purpose"));
         app.add_option("-n,--n-predict", options.max_new_tokens, "Tokens to generate at most")
             ->default_val(256)
             ->check(kv::cli::whole_number(0, 1 << 30, "generation stops at the model's context"));
@@ -179,6 +189,7 @@ int main(int argc, char** argv) {
         if (app.count("--cache-memory"))
             requests.cache_memory = static_cast<int64_t>(
                 std::min<uint64_t>(cache_memory, std::numeric_limits<int64_t>::max()));
+        requests.read_ahead = read_ahead;
         kv::cli::Reporter reporter("kvserve-once", verbosity, kv::cli::Summary::when_verbose);
         requests.answer = [](const kv::RequestResult& result) {
             kv::cli::write_stdout(kv::json::dump(kv::to_json(result)) + "\n");
@@ -187,6 +198,18 @@ int main(int argc, char** argv) {
             reporter.progress(kv::progress_line(report));
         };
         std::ifstream file;
+        // Standard input through a buffer of its own (std::cin's shares stdio's and cannot tell
+        // whether a line is waiting): --read-ahead reads ahead only lines already written.
+        // (A duplicate descriptor: the buffer closes the one it has.)
+        std::optional<__gnu_cxx::stdio_filebuf<char>> stdin_buffer;
+        if (requests_path == "-") {
+            const int descriptor = ::dup(STDIN_FILENO);
+            if (descriptor < 0)
+                throw kv::IoError(std::string("cannot read standard input: ") +
+                                  std::strerror(errno));
+            stdin_buffer.emplace(descriptor, std::ios::in);
+        }
+        std::istream standard_input(stdin_buffer ? &*stdin_buffer : std::cin.rdbuf());
         if (requests_path != "-") {
             file.open(requests_path);
             if (!file)
@@ -194,7 +217,7 @@ int main(int argc, char** argv) {
                                   std::strerror(errno));
         }
         const kv::RequestsReport report =
-            kv::serve_requests(options, requests_path == "-" ? std::cin : file, requests);
+            kv::serve_requests(options, requests_path == "-" ? standard_input : file, requests);
         reporter.finish(kv::summary(report));
         if (!stats_path.empty()) write_stats(kv::to_json(report));
         return report.failed > 0 ? 1 : 0;
@@ -216,6 +239,10 @@ int main(int argc, char** argv) {
         }
         options.add_bos = !no_bos;
         if (app.count("--seed")) options.sampling.seed = seed;
+        if (app.count("--read-ahead") && requests_path.empty())
+            throw kv::UsageError(
+                "--read-ahead reads the packets of later requests: it goes with "
+                "--requests");
         if (app.count("--cache-memory") && requests_path.empty())
             throw kv::UsageError(
                 "--cache-memory bounds the packets kept between requests: it goes with "

@@ -28,6 +28,28 @@ totals = json.load(open("totals.json"))
 print({k: totals[k] for k in ("requests", "answered", "failed", "stores", "packets_read",
                               "packets_from_memory", "packets_evicted")})
 PY
+# Without reading ahead (--read-ahead 0: each request's packets read when it is served): the
+# same lines, each packet read or found in memory as before.
+serve --requests requests.jsonl --read-ahead 0 --stats totals-0.json > answers-0.jsonl
+/usr/bin/python3 - <<'PY'
+import json
+def lines(path):
+    answers = [json.loads(line) for line in open(path)]
+    for answer in answers:
+        if "stats" in answer:
+            answer["stats"] = {k: answer["stats"][k] for k in
+                               ("generated_tokens", "packets_read", "packets_from_memory",
+                                "read_ahead")}
+    return answers
+ahead, alone = lines("answers.jsonl"), lines("answers-0.jsonl")
+print("read ahead:", [a["stats"]["read_ahead"] for a in ahead if "stats" in a],
+      json.load(open("totals.json"))["read_ahead"], "; with --read-ahead 0:",
+      [a["stats"]["read_ahead"] for a in alone if "stats" in a],
+      json.load(open("totals-0.json"))["read_ahead"])
+for answer in ahead + alone:
+    answer.get("stats", {}).pop("read_ahead", None)
+print("the same lines with --read-ahead 0:", ahead == alone)
+PY
 # The same questions one process each: the same text.
 /usr/bin/python3 - > alone.sh <<'PY'
 import json, shlex
@@ -59,5 +81,6 @@ PY
 head -1 requests.jsonl | serve --requests - --cache-memory 0 | cut -c1-40
 serve --requests requests.jsonl --document docs.jsonl 2>&1; echo "exit $?"
 serve --prompt x --cache-memory 1g 2>&1; echo "exit $?"
+serve --prompt x --read-ahead 1 2>&1; echo "exit $?"
 serve --requests requests.jsonl --offload disk --cache-memory 1g 2>&1; echo "exit $?"
 serve --requests - --cache - < store.kvc 2>&1; echo "exit $?"

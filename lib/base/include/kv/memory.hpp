@@ -25,8 +25,9 @@ void advise_huge_pages(void* data, std::size_t bytes);
 /// (kvserve-once --requests' packets, a few hundred KiB each, kept in memory): asks for huge
 /// pages over the part of the main heap grown since the last call, and has it grow and stay in
 /// steps of 64 MiB (allocations below 32 MiB come from it), so that most such buffers land in
-/// advised memory. Faulting them in 4 KiB at a time was a tenth of a --requests question. Call
-/// it between batches of allocations, on any thread; does nothing off glibc.
+/// advised memory; on a thread other than the first, the heap of that thread's own arena as well.
+/// Faulting them in 4 KiB at a time was a tenth of a --requests question. Call it between
+/// batches of allocations, on the thread that makes them; does nothing off glibc.
 void advise_heap_huge_pages();
 
 /// Unmaps from the process the pages of [data, data + bytes), rounded outward to whole pages,

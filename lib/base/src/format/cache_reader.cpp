@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <tuple>
@@ -49,6 +50,10 @@ struct CacheReader::State {
     std::vector<PacketInfo> packets;
     std::unordered_map<std::string, std::size_t> by_id;
     std::unordered_map<std::string, std::pair<PacketInfo, std::size_t>> found;
+    // Guards the three above (written under HDF5's lock as well): an entry found before is
+    // looked up without HDF5's lock, which another thread's read may hold for a millisecond
+    // (kvserve-once --requests reads the next request's packets ahead).
+    mutable std::mutex directory_mutex;
     // The index's datasets, kept open for the entries read one at a time, and /packet_ids.
     struct IndexDatasets {
         Handle group, id, text_sha256, adapter_fingerprint, logical_length, stored_length,
@@ -356,22 +361,28 @@ void CacheReader::read_directory() const {
         if (!inserted) fail_duplicate(in, info.id, at->second, i);
         packets.push_back(std::move(info));
     }
+    const std::lock_guard directory(s.directory_mutex);
     s.packets = std::move(packets);
     s.by_id = std::move(by_id);
-    s.found.clear();
-    s.index_read = true;
+    s.index_read = true;  // (the entries found before stay: callers may hold them)
 }
 
 std::pair<const PacketInfo*, std::size_t> CacheReader::find(const std::string& id) const {
     State& s = *state_;
+    auto known = [&]() -> std::optional<std::pair<const PacketInfo*, std::size_t>> {
+        const std::lock_guard directory(s.directory_mutex);
+        if (const auto at = s.found.find(id); at != s.found.end())
+            return std::pair(&at->second.first, at->second.second);
+        if (s.index_read) {
+            const auto at = s.by_id.find(id);
+            if (at == s.by_id.end()) return std::pair<const PacketInfo*, std::size_t>(nullptr, 0);
+            return std::pair(&s.packets[at->second], at->second);
+        }
+        return std::nullopt;
+    };
+    if (const auto answer = known()) return *answer;
     const Lock lock = lock_hdf5();
-    if (s.index_read) {
-        const auto at = s.by_id.find(id);
-        if (at == s.by_id.end()) return {nullptr, 0};
-        return {&s.packets[at->second], at->second};
-    }
-    if (const auto at = s.found.find(id); at != s.found.end())
-        return {&at->second.first, at->second.second};
+    if (const auto answer = known()) return *answer;  // found meanwhile
     // One lookup of the packet's link (section 6.1); the group it leads to gives the entry.
     const FileReader in(s.source);
     const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);
@@ -412,6 +423,7 @@ std::pair<const PacketInfo*, std::size_t> CacheReader::find(const std::string& i
     info.header_tokens = number("header_tokens", d.header_tokens);
     info.trailer_tokens = number("trailer_tokens", d.trailer_tokens);
     check_entry(in, info, ordinal);
+    const std::lock_guard directory(s.directory_mutex);
     const auto at = s.found.emplace(id, std::pair(std::move(info), ordinal)).first;
     return {&at->second.first, at->second.second};
 }

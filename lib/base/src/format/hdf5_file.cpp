@@ -42,6 +42,13 @@ void init_hdf5() {
 Lock lock_hdf5() {
     Lock lock(hdf5_mutex());
     init_hdf5();
+    // A thread-safe HDF5 keeps an error stack, and its printing, per thread: silenced in every
+    // thread that calls it (kvserve-once --requests reads packets ahead on a thread of its own).
+    thread_local const bool silenced = [] {
+        H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+        return true;
+    }();
+    (void)silenced;
     return lock;
 }
 

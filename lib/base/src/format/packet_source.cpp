@@ -53,7 +53,13 @@ PacketCache::PacketCache(int64_t capacity, int read_threads)
                          std::to_string(capacity));
 }
 
+PacketCache::Stats PacketCache::stats() const {
+    const std::lock_guard lock(mutex_);
+    return stats_;
+}
+
 std::shared_ptr<const CacheReader> PacketCache::store(const std::filesystem::path& file) {
+    const std::lock_guard lock(mutex_);
     auto& reader = stores_[file.string()];
     if (!reader) {
         reader = open_store(file, read_threads_);
@@ -66,6 +72,7 @@ SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& stor
                                   const std::string& id) {
     SourcedPacket sourced;
     const Key key{store.get(), id};
+    std::unique_lock lock(mutex_);
     if (const auto found = entries_.find(key); found != entries_.end()) {
         recent_.splice(recent_.begin(), recent_, found->second);  // now the most recent
         ++stats_.hits;
@@ -74,14 +81,24 @@ SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& stor
         sourced.from_memory = true;
         return sourced;
     }
+    // Read without the lock: other threads find what is kept meanwhile.
+    lock.unlock();
     advise_heap_huge_pages();  // kept packets: hundreds of small buffers, each faulted in anew
     sourced.packet = std::make_shared<Packet>(store->read(id));
     Packet& packet = *sourced.packet;
     // The codes of a quantised packet serve only to write it back unchanged.
     packet.stored_quantized.reset();
     sourced.bytes_read = static_cast<int64_t>(packet.keys.size() + packet.values.size());
+    lock.lock();
     ++stats_.misses;
     stats_.bytes_read += sourced.bytes_read;
+    if (const auto found = entries_.find(key); found != entries_.end()) {
+        // Another thread read it too, meanwhile: both reads count, the one kept serves.
+        recent_.splice(recent_.begin(), recent_, found->second);
+        sourced.packet = found->second->packet;
+        sourced.kept = true;
+        return sourced;
+    }
     const int64_t bytes = packet_memory(packet);
     if (bytes > capacity_) return sourced;  // handed out, not kept
     while (stats_.kept_bytes + bytes > capacity_) {

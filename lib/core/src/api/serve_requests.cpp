@@ -3,14 +3,20 @@
 // the packets read in memory, least recently used out first.
 #include "kv/api/serve.hpp"
 #include "kv/error.hpp"
+#include "kv/format/cache_store.hpp"
 #include "kv/format/packet_source.hpp"
 #include "kv/sparse/options.hpp"
 #include "runtime.hpp"
 #include "serve_session.hpp"
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <future>
 #include <istream>
 #include <limits>
+#include <mutex>
+#include <thread>
 
 namespace kv {
 namespace {
@@ -86,6 +92,148 @@ std::string one_line(const char* message) {
     const std::size_t end = text.find('\n');
     return end == std::string::npos ? text : text.substr(0, end);
 }
+
+/// What the read-ahead thread read for one request: its stores and packets as the PacketCache
+/// gave them, and how long that took.
+struct ReadAheadPackets {
+    std::vector<std::pair<std::string, std::shared_ptr<const CacheReader>>> stores;  // by FILE
+    std::vector<std::pair<std::pair<const CacheReader*, std::string>, SourcedPacket>> packets;
+    double seconds = 0;
+};
+
+/// Reads the packets that the request on `line` names (FILE:ID each) into `cache`, where they
+/// will be found when the request is served. Whatever fails here is left for then: served, the
+/// request fails again and reports it.
+ReadAheadPackets read_request_packets(const std::string& line, const ServeOptions& defaults,
+                                      PacketCache& cache) {
+    ReadAheadPackets out;
+    const auto start = Clock::now();
+    try {
+        const ServeOptions request = request_options(json::parse(line), defaults);
+        for (const std::string& spec : request.caches) {
+            const CacheSelection selection = parse_cache_selection(spec);
+            if (selection.file == "-" || selection.id.empty()) continue;  // read when served
+            std::shared_ptr<const CacheReader> store = cache.store(selection.file);
+            out.stores.emplace_back(selection.file.string(), store);
+            const PacketInfo& info = store->packet_info(selection.id);
+            const CacheModelInfo& model = store->model();
+            const double bytes =
+                2.0 * static_cast<double>(info.stored_length) *
+                static_cast<double>(model.num_layers * model.num_kv_heads * model.head_dim) *
+                static_cast<double>(cache_dtype_size(model.dtype));
+            // A large packet waits for its request: held here, it would be memory beyond the
+            // bound.
+            if (bytes > static_cast<double>(cache.capacity()) / 4) continue;
+            out.packets.push_back({{store.get(), selection.id}, cache.packet(store, selection.id)});
+        }
+    } catch (const std::exception&) {
+    }
+    out.seconds = seconds_since(start);
+    return out;
+}
+
+/// One thread that reads the packets of the requests given to it, in order, one request at a
+/// time, while the calling thread serves the requests before them.
+class ReadAheadThread {
+  public:
+    ReadAheadThread(PacketCache& cache, const ServeOptions& defaults)
+        : cache_(cache), defaults_(defaults), thread_([this] { run(); }) {}
+    ReadAheadThread(const ReadAheadThread&) = delete;
+    ReadAheadThread& operator=(const ReadAheadThread&) = delete;
+    /// Finishes the request in hand (a few packets at most) and drops the others.
+    ~ReadAheadThread() {
+        {
+            const std::lock_guard lock(mutex_);
+            stopping_ = true;
+            jobs_.clear();
+        }
+        wake_.notify_one();
+        thread_.join();
+    }
+
+    std::future<ReadAheadPackets> read(std::string line) {
+        std::packaged_task<ReadAheadPackets()> job([this, line = std::move(line)] {
+            return read_request_packets(line, defaults_, cache_);
+        });
+        std::future<ReadAheadPackets> done = job.get_future();
+        {
+            const std::lock_guard lock(mutex_);
+            jobs_.push_back(std::move(job));
+        }
+        wake_.notify_one();
+        return done;
+    }
+
+  private:
+    void run() {
+        for (;;) {
+            std::packaged_task<ReadAheadPackets()> job;
+            {
+                std::unique_lock lock(mutex_);
+                wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+                if (stopping_) return;
+                job = std::move(jobs_.front());
+                jobs_.pop_front();
+            }
+            job();
+        }
+    }
+
+    PacketCache& cache_;
+    const ServeOptions& defaults_;
+    std::mutex mutex_;
+    std::condition_variable wake_;
+    std::deque<std::packaged_task<ReadAheadPackets()>> jobs_;
+    bool stopping_ = false;
+    std::thread thread_;  // last: it starts when everything above exists
+};
+
+/// One request's packets: those read ahead for it (waited for at the first call), then the
+/// cache's.
+class RequestPackets final : public PacketSource {
+  public:
+    RequestPackets(PacketCache& cache, std::future<ReadAheadPackets>* ahead)
+        : cache_(cache), pending_(ahead && ahead->valid() ? ahead : nullptr) {}
+
+    std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override {
+        take_ahead();
+        for (const auto& [name, reader] : ahead_.stores)
+            if (name == file.string()) return reader;
+        return cache_.store(file);
+    }
+    SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
+                         const std::string& id) override {
+        take_ahead();
+        for (auto at = ahead_.packets.begin(); at != ahead_.packets.end(); ++at)
+            if (at->first.first == store.get() && at->first.second == id) {
+                SourcedPacket packet = std::move(at->second);
+                ahead_.packets.erase(at);
+                return packet;
+            }
+        return cache_.packet(store, id);
+    }
+    bool keeps_packets() const override { return true; }
+
+    bool read_ahead() const { return read_ahead_; }
+    double read_seconds() const { return ahead_.seconds; }
+    double waited_seconds() const { return waited_; }
+
+  private:
+    void take_ahead() {
+        if (!pending_) return;
+        const auto start = Clock::now();
+        ahead_ = pending_->get();
+        waited_ = seconds_since(start);
+        pending_ = nullptr;
+        read_ahead_ = true;
+    }
+
+    PacketCache& cache_;
+    std::future<ReadAheadPackets>* pending_;
+    ReadAheadPackets ahead_;
+    bool read_ahead_ = false;
+    double waited_ = 0;
+};
 
 }  // namespace
 
@@ -168,6 +316,142 @@ ServeOptions request_options(const json::Value& request, const ServeOptions& def
     return options;
 }
 
+namespace {
+
+/// The lines of a requests input, blank ones skipped, numbered from 1.
+class RequestLines {
+  public:
+    explicit RequestLines(std::istream& input) : input_(input) {}
+    /// The next line that is not blank; false at the end of the input.
+    bool next(int64_t& line, std::string& text) {
+        for (std::string read; std::getline(input_, read);) {
+            ++number_;
+            if (read.find_first_not_of(" \t\r") == std::string::npos) continue;
+            line = number_;
+            text = std::move(read);
+            return true;
+        }
+        return false;
+    }
+    /// Whether a line is already in the input (its buffer, a file, a pipe's contents), so that
+    /// next() waits for no one: a caller that writes the next request after reading this one's
+    /// answer is never waited for while answers are owed.
+    bool waiting() const { return input_.rdbuf() && input_.rdbuf()->in_avail() > 0; }
+    int64_t number() const { return number_; }
+    bool bad() const { return input_.bad(); }
+
+  private:
+    std::istream& input_;
+    int64_t number_ = 0;
+};
+
+/// One request, served over `source`: its answer, or the one line of its error.
+RequestResult serve_line(int64_t line, const std::string& text, const ServeOptions& defaults,
+                         const Runtime& runtime, PacketSource& source, int threads,
+                         std::optional<KvCache>& kept_cache) {
+    RequestResult result;
+    result.line = line;
+    const auto start = Clock::now();
+    try {
+        const json::Value fields = json::parse(text);
+        if (const json::Value* id = fields.find("id")) result.id = *id;
+        const ServeOptions request = request_options(fields, defaults);
+        result.stats = serve_loaded(
+            request, runtime, source, [&](std::string_view piece) { result.text += piece; },
+            threads, &kept_cache);
+        result.ok = true;
+    } catch (const std::exception& error) {
+        result.error = one_line(error.what());
+        result.text.clear();
+    }
+    result.seconds = seconds_since(start);
+    return result;
+}
+
+/// Counts a result in the report and hands it on, in input order.
+class Answers {
+  public:
+    Answers(RequestsReport& report, const RequestsOptions& options, const PacketCache& packets,
+            Clock::time_point start)
+        : report_(report), options_(options), packets_(packets), start_(start) {}
+
+    void give(const RequestResult& result) {
+        ++report_.requests;
+        ++(result.ok ? report_.answered : report_.failed);
+        report_.read_ahead += result.read_ahead;
+        report_.seconds = seconds_since(start_);
+        // Offloaded to disk, a request's packets are copied from their files plane by plane and
+        // never pass through the PacketCache: its own counts are the only record of them.
+        if (result.ok && result.stats.offload == "disk") {
+            disk_packets_read_ += result.stats.packets_read;
+            disk_bytes_read_ += result.stats.cache_bytes_read;
+        }
+        const PacketCache::Stats kept = packets_.stats();
+        report_.stores = kept.stores;
+        report_.packets_read = kept.misses + disk_packets_read_;
+        report_.packets_from_memory = kept.hits;
+        report_.bytes_read = kept.bytes_read + disk_bytes_read_;
+        report_.packets_evicted = kept.evictions;
+        report_.kept_bytes = kept.kept_bytes;
+        report_.peak_kept_bytes = kept.peak_bytes;
+        if (options_.answer) options_.answer(result);
+        if (options_.progress) options_.progress(report_);
+    }
+
+  private:
+    RequestsReport& report_;
+    const RequestsOptions& options_;
+    const PacketCache& packets_;
+    Clock::time_point start_;
+    int64_t disk_packets_read_ = 0, disk_bytes_read_ = 0;
+};
+
+/// One request at a time on the calling thread, the packets of the next ones read meanwhile on
+/// the read-ahead thread (RequestsOptions::read_ahead).
+void serve_one_by_one(RequestLines& lines, const ServeOptions& defaults, const Runtime& runtime,
+                      PacketCache& packets, int threads, int read_ahead_depth, Answers& answers) {
+    // Nothing to read ahead where every request's packets stay on disk.
+    std::optional<ReadAheadThread> read_ahead;
+    if (read_ahead_depth > 0 && defaults.offload != "disk") read_ahead.emplace(packets, defaults);
+    std::optional<KvCache> kept_cache;  // the last question's, for the next one
+    struct Waiting {
+        int64_t line = 0;
+        std::string text;
+        std::future<ReadAheadPackets> packets;  // not valid where not read ahead
+    };
+    std::deque<Waiting> waiting;
+    bool ended = false;
+    // Every request's packets go through the read-ahead thread, in input order: each is read,
+    // or found in memory, exactly as when the requests are served one after another.
+    auto take_line = [&] {
+        Waiting next;
+        if (ended || !lines.next(next.line, next.text)) {
+            ended = true;
+            return false;
+        }
+        if (read_ahead) next.packets = read_ahead->read(next.text);
+        waiting.push_back(std::move(next));
+        return true;
+    };
+    for (;;) {
+        if (waiting.empty() && !take_line()) break;
+        while (read_ahead && waiting.size() <= static_cast<std::size_t>(read_ahead_depth) &&
+               lines.waiting() && take_line()) {
+        }
+        Waiting request = std::move(waiting.front());
+        waiting.pop_front();
+        RequestPackets request_packets(packets, &request.packets);
+        RequestResult result = serve_line(request.line, request.text, defaults, runtime,
+                                          request_packets, threads, kept_cache);
+        result.read_ahead = request_packets.read_ahead();
+        result.read_ahead_seconds = request_packets.read_seconds();
+        result.read_ahead_wait_seconds = request_packets.waited_seconds();
+        answers.give(result);
+    }
+}
+
+}  // namespace
+
 RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
                               const RequestsOptions& options) {
     if (!defaults.document.empty())
@@ -175,6 +459,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
             "--document is one long context for one question; --requests serves questions over "
             "--cache packets");
     if (options.cache_memory < 0) throw UsageError("the memory for loaded packets must be >= 0");
+    if (options.read_ahead < 0) throw UsageError("the requests to read ahead must be >= 0");
     RequestsReport report;
     report.cache_memory = options.cache_memory;
     report.threads = set_compute_threads(defaults.runtime.threads);
@@ -183,50 +468,13 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     report.load_seconds = seconds_since(load_start);
 
     PacketCache packets(options.cache_memory, report.threads);
-    std::optional<KvCache> kept_cache;  // the last question's, for the next one
-    int64_t disk_packets_read = 0, disk_bytes_read = 0;
+    RequestLines lines(input);
+    Answers answers(report, options, packets, Clock::now());
     const auto start = Clock::now();
-    int64_t number = 0;
-    for (std::string line; std::getline(input, line);) {
-        ++number;
-        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-        RequestResult result;
-        result.line = number;
-        const auto request_start = Clock::now();
-        try {
-            const json::Value fields = json::parse(line);
-            if (const json::Value* id = fields.find("id")) result.id = *id;
-            const ServeOptions request = request_options(fields, defaults);
-            result.stats = serve_loaded(
-                request, runtime, packets, [&](std::string_view text) { result.text += text; },
-                report.threads, &kept_cache);
-            result.ok = true;
-        } catch (const std::exception& error) {
-            result.error = one_line(error.what());
-            result.text.clear();
-        }
-        result.seconds = seconds_since(request_start);
-        ++report.requests;
-        ++(result.ok ? report.answered : report.failed);
-        report.seconds = seconds_since(start);
-        // Offloaded to disk, a request's packets are copied from their files plane by plane and
-        // never pass through the PacketCache: its own counts are the only record of them.
-        if (result.ok && result.stats.offload == "disk") {
-            disk_packets_read += result.stats.packets_read;
-            disk_bytes_read += result.stats.cache_bytes_read;
-        }
-        const PacketCache::Stats& kept = packets.stats();
-        report.stores = kept.stores;
-        report.packets_read = kept.misses + disk_packets_read;
-        report.packets_from_memory = kept.hits;
-        report.bytes_read = kept.bytes_read + disk_bytes_read;
-        report.packets_evicted = kept.evictions;
-        report.kept_bytes = kept.kept_bytes;
-        report.peak_kept_bytes = kept.peak_bytes;
-        if (options.answer) options.answer(result);
-        if (options.progress) options.progress(report);
-    }
-    if (input.bad()) throw IoError("cannot read the requests after line " + std::to_string(number));
+    serve_one_by_one(lines, defaults, runtime, packets, report.threads, options.read_ahead,
+                     answers);
+    if (lines.bad())
+        throw IoError("cannot read the requests after line " + std::to_string(lines.number()));
     report.seconds = seconds_since(start);
     return report;
 }
@@ -247,6 +495,9 @@ json::Value to_json(const RequestResult& result) {
     stats.set("packets_read", result.stats.packets_read);
     stats.set("packets_from_memory", result.stats.packets_from_memory);
     stats.set("seconds", result.seconds);
+    stats.set("read_ahead", result.read_ahead);
+    stats.set("read_ahead_seconds", result.read_ahead_seconds);
+    stats.set("read_ahead_wait_seconds", result.read_ahead_wait_seconds);
     line.set("stats", std::move(stats));
     return line;
 }
@@ -262,6 +513,7 @@ json::Value to_json(const RequestsReport& report) {
               report.seconds > 0 ? static_cast<double>(report.requests) / report.seconds : 0.0);
     value.set("threads", report.threads);
     value.set("cache_memory", report.cache_memory);
+    value.set("read_ahead", report.read_ahead);
     value.set("stores", report.stores);
     value.set("packets_read", report.packets_read);
     value.set("packets_from_memory", report.packets_from_memory);

@@ -5,6 +5,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <thread>
+
 namespace {
 
 using kv::test::make_packet;
@@ -82,4 +85,39 @@ TEST_CASE("a packet cache of no memory keeps nothing, nor does a direct source",
     const kv::SourcedPacket sourced = direct.packet(opened, "x");
     CHECK_FALSE(sourced.kept);
     CHECK(sourced.packet->stored_length() == 5);
+}
+
+TEST_CASE("two threads share a packet cache: each packet read once, the counts add up",
+          "[packet_source]") {
+    // kvserve-once --requests reads the next requests' packets on one thread while another
+    // looks up the packets and directory entries of the request it serves.
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    std::vector<kv::Packet> packets;
+    for (int i = 0; i < 16; ++i)
+        packets.push_back(make_packet(model, "doc-" + std::to_string(i), 12, i));
+    write_store(dir / "a.kvc", model, packets);
+    kv::PacketCache cache(int64_t{1} << 30);
+    const auto store = cache.store(dir / "a.kvc");
+    std::atomic<int> wrong{0};
+    auto ask_all = [&](int first) {
+        for (int round = 0; round < 3; ++round)
+            for (int k = 0; k < 16; ++k) {
+                const int i = (first + k) % 16;
+                const std::string id = "doc-" + std::to_string(i);
+                if (store->packet_info(id).stored_length != 12) ++wrong;
+                const kv::SourcedPacket sourced = cache.packet(store, id);
+                if (sourced.packet->keys != packets[static_cast<std::size_t>(i)].keys) ++wrong;
+            }
+    };
+    std::thread other(ask_all, 8);
+    ask_all(0);
+    other.join();
+    CHECK(wrong == 0);
+    const kv::PacketCache::Stats stats = cache.stats();
+    CHECK(stats.hits + stats.misses == 2 * 3 * 16);
+    // Both threads may read a packet that neither had yet; no packet is read more than twice.
+    CHECK(stats.misses >= 16);
+    CHECK(stats.misses <= 32);
+    CHECK(stats.kept_packets == 16);
 }

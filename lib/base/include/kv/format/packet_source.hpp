@@ -10,6 +10,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -64,7 +65,8 @@ int64_t packet_memory(const Packet& packet);
 /// up to `capacity` bytes (packet_memory): when a new packet does not fit, the least recently
 /// used ones go first, and a packet larger than the capacity is handed out without being kept.
 /// A packet asked for again while kept is not read again. Stores read on `read_threads` threads
-/// as DirectPacketSource's do. Not thread-safe.
+/// as DirectPacketSource's do. Thread-safe: one thread may read the packets of the next
+/// questions while another answers this one (a call waits while another reads).
 class PacketCache final : public PacketSource {
   public:
     explicit PacketCache(int64_t capacity, int read_threads = 0);
@@ -83,7 +85,7 @@ class PacketCache final : public PacketSource {
         int64_t peak_bytes = 0;    ///< the most kept at once
         int64_t bytes_read = 0;    ///< keys and values read from stores
     };
-    const Stats& stats() const { return stats_; }
+    Stats stats() const;
     int64_t capacity() const { return capacity_; }
 
   private:
@@ -95,6 +97,7 @@ class PacketCache final : public PacketSource {
     };
     int64_t capacity_;
     int read_threads_;
+    mutable std::mutex mutex_;  // over everything below
     Stats stats_;
     std::map<std::string, std::shared_ptr<const CacheReader>> stores_;
     std::list<Entry> recent_;  ///< most recently used first

@@ -162,7 +162,14 @@ struct RequestResult {
     std::string text;    ///< the answer (with echo, the prompt first)
     std::string error;   ///< one line, when not ok
     ServeStats stats;    ///< when ok
-    double seconds = 0;  ///< serving it, from reading its line to its last token
+    double seconds = 0;  ///< serving it, from taking its line to its last token
+    /// Its packets read ahead on the read-ahead thread while the requests before it were
+    /// served (RequestsOptions::read_ahead): the time that took there, and the part of it this
+    /// request still waited for (counted in its stats' cache_open_seconds, cache_load_seconds
+    /// and time to first token). Both 0 for a request whose packets it read itself.
+    bool read_ahead = false;
+    double read_ahead_seconds = 0;
+    double read_ahead_wait_seconds = 0;
 };
 
 /// What a run of requests did, so far or in all.
@@ -174,6 +181,7 @@ struct RequestsReport {
     double seconds = 0;       ///< serving the requests, after loading
     int threads = 0;
     int64_t cache_memory = 0;         ///< RequestsOptions::cache_memory
+    int64_t read_ahead = 0;           ///< requests whose packets were read ahead
     int64_t stores = 0;               ///< cache files opened
     int64_t packets_read = 0;         ///< packets read from their files
     int64_t packets_from_memory = 0;  ///< packets kept since an earlier request
@@ -187,6 +195,12 @@ struct RequestsOptions {
     /// Bytes of loaded packets kept in memory for later requests, the least recently used
     /// dropped first; 0 keeps none. Packets offloaded to disk are never loaded (unused then).
     int64_t cache_memory = int64_t{1} << 30;
+    /// Requests whose lines are already waiting in the input (nothing blocks for one) and whose
+    /// packets a second thread reads while the one before them is served: at most this many
+    /// ahead; 0 reads every request's packets when it is served. The packets of up to this many
+    /// requests may be held beyond cache_memory while they wait. Requests offloaded to disk, and
+    /// packets over a quarter of cache_memory, are read when served.
+    int read_ahead = 2;
     /// Receives each request's result as soon as it is known, in input order; an exception it
     /// throws (a closed output) ends the run.
     std::function<void(const RequestResult&)> answer;
