@@ -883,6 +883,64 @@ void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, 
     }
 }
 
+namespace {
+
+uint16_t round_one_to_bf16(float value) {
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    if (std::isnan(value)) return 0x7fc0;
+    return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+__attribute__((target("avx512f"))) void widen_bf16_avx512(const uint16_t* in, float* out,
+                                                          int64_t count) {
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16) {
+        const __m512i wide =
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+        _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+    }
+    for (; i < count; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+        std::memcpy(out + i, &bits, sizeof bits);
+    }
+}
+
+__attribute__((target("avx512f"))) void round_to_bf16_avx512(const float* in, uint16_t* out,
+                                                             int64_t count) {
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1),
+                  nan = _mm512_set1_epi32(0x7fc0);
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16) {
+        const __m512 values = _mm512_loadu_ps(in + i);
+        const __m512i bits = _mm512_castps_si512(values);
+        const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+        __m512i rounded =
+            _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, bias), odd), 16);
+        rounded =
+            _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q), rounded, nan);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(rounded));
+    }
+    for (; i < count; ++i)
+        out[i] = round_one_to_bf16(in[i]);
+}
+
+}  // namespace
+
+void widen_bf16(const uint16_t* in, float* out, int64_t count) {
+    if (isa == Isa::avx512 || isa == Isa::avx512_bf16) return widen_bf16_avx512(in, out, count);
+    for (int64_t i = 0; i < count; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+        std::memcpy(out + i, &bits, sizeof bits);
+    }
+}
+
+void round_to_bf16(const float* in, uint16_t* out, int64_t count) {
+    if (isa == Isa::avx512 || isa == Isa::avx512_bf16) return round_to_bf16_avx512(in, out, count);
+    for (int64_t i = 0; i < count; ++i)
+        out[i] = round_one_to_bf16(in[i]);
+}
+
 bool gemm_few_bf16_fits(int64_t tokens, int64_t columns) {
     return isa == Isa::avx512_bf16 && tokens >= 1 && tokens <= max_few_tokens && columns % 32 == 0;
 }

@@ -114,6 +114,77 @@ TEST_CASE("linear with and without bias, one row and many", "[ops]") {
     }
 }
 
+TEST_CASE("bf16 widening and rounding give at::BFloat16's bits, ties, NaN and tails included",
+          "[ops][gemv]") {
+    std::mt19937 random(17);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    std::vector<float> values = {0.0f,
+                                 -0.0f,
+                                 1.0f,
+                                 std::numeric_limits<float>::infinity(),
+                                 -std::numeric_limits<float>::infinity(),
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 -std::numeric_limits<float>::quiet_NaN(),
+                                 std::numeric_limits<float>::denorm_min(),
+                                 std::numeric_limits<float>::max(),
+                                 3.3895314e38f};  // rounds up to infinity
+    for (uint32_t tie : {0x3f808000u, 0x3f818000u, 0x3f80c000u, 0x3f807fffu}) {  // ties, odd/even
+        float value;
+        std::memcpy(&value, &tie, sizeof value);
+        values.push_back(value);
+    }
+    while (values.size() < 1000) {
+        const uint32_t bits = any_bits(random);
+        float value;
+        std::memcpy(&value, &bits, sizeof value);
+        values.push_back(value);
+    }
+    for (int64_t count : {0, 1, 15, 16, 17, 1000}) {  // whole vectors and tails
+        std::vector<uint16_t> rounded(static_cast<std::size_t>(count));
+        kv::round_to_bf16(values.data(), rounded.data(), count);
+        std::vector<float> widened(static_cast<std::size_t>(count));
+        kv::widen_bf16(rounded.data(), widened.data(), count);
+        for (int64_t i = 0; i < count; ++i) {
+            const at::BFloat16 expected(values[static_cast<std::size_t>(i)]);
+            INFO("value " << values[static_cast<std::size_t>(i)] << " at " << i << " of " << count);
+            CHECK(rounded[static_cast<std::size_t>(i)] == expected.x);
+            const float back = static_cast<float>(expected);
+            CHECK(std::memcmp(&widened[static_cast<std::size_t>(i)], &back, sizeof back) == 0);
+        }
+    }
+    // libtorch's own conversion of a tensor agrees (its vectorised path), NaNs aside.
+    const torch::Tensor x = torch::randn({1, 1000}, torch::kFloat32) * 1000;
+    const torch::Tensor theirs = x.to(torch::kBFloat16);
+    std::vector<uint16_t> ours(1000);
+    kv::round_to_bf16(x.data_ptr<float>(), ours.data(), 1000);
+    CHECK(std::memcmp(ours.data(), theirs.data_ptr(), ours.size() * sizeof(uint16_t)) == 0);
+}
+
+TEST_CASE("linear's own kernels give bf16 tokens the bits of libtorch's conversions",
+          "[ops][gemv]") {
+    // One token (gemv) and a few after a cached context (the few-token kernel), bf16 in and out:
+    // the same as widening with .to(float32), the kernel, and rounding with .to(bf16).
+    const torch::Tensor weight = (torch::randn({96, 64}) * 0.1).to(torch::kBFloat16);
+    for (int64_t tokens : {1, 5}) {
+        const torch::Tensor x = torch::randn({tokens, 64}).to(torch::kBFloat16);
+        if (tokens > 1 && !kv::gemm_few_bf16_fits(tokens, 64)) {
+            WARN("no AVX512-BF16: the few-token kernel is not used here");
+            continue;
+        }
+        const torch::Tensor got = kv::linear(x, weight, {}, /*after_context=*/true);
+        REQUIRE(got.scalar_type() == torch::kBFloat16);
+        const torch::Tensor wide = x.to(torch::kFloat32).contiguous();
+        torch::Tensor expected = torch::empty({tokens, 96}, torch::kFloat32);
+        const auto* w = static_cast<const uint16_t*>(weight.data_ptr());
+        if (tokens == 1)
+            kv::gemv_bf16(w, wide.data_ptr<float>(), expected.data_ptr<float>(), 96, 64);
+        else
+            kv::gemm_few_bf16(w, wide.data_ptr<float>(), expected.data_ptr<float>(), tokens, 96,
+                              64);
+        CHECK(torch::equal(got, expected.to(torch::kBFloat16)));
+    }
+}
+
 TEST_CASE("rms_norm's host loop gives the bits of libtorch's operations", "[ops]") {
     torch::NoGradGuard no_gradients;
     // A decoding step's row, a prefill's rows, a transposed view; values over a wide range.

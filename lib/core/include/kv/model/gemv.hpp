@@ -25,6 +25,11 @@ bool gemm_few_bf16_fits(int64_t tokens, int64_t columns);
 void gemm_few_bf16(const uint16_t* weights, const float* x, float* y, int64_t tokens, int64_t rows,
                    int64_t columns);
 
+/// bf16 values (raw bits) widened to float32, exactly; float32 rounded to bf16 to nearest even
+/// (a NaN to 0x7fc0), as at::BFloat16 rounds. With AVX-512, 16 at a time.
+void widen_bf16(const uint16_t* in, float* out, int64_t count);
+void round_to_bf16(const float* in, uint16_t* out, int64_t count);
+
 /// Serial building blocks for kernels that parallelise at a coarser level (attention over heads):
 /// y[n] = dot(rows[n], x) for n < count, and out[d] += sum_n weights[n] * rows[n][d].
 void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count, int64_t columns);
