@@ -96,7 +96,9 @@ struct ServeStats {
     /// Where the time to first token went, besides load_seconds and cache_load_seconds: from the
     /// process's start to serving (the program and its libraries loading), opening the cache
     /// files (part of cache_load_seconds), realigning the packets' keys into the cache,
-    /// restoring their indexes, recomputing cached tokens, the prompt's prefill alone.
+    /// recomputing cached tokens, the prompt's prefill alone. Restoring the packets' indexes
+    /// comes after the first token, before the second (before the prompt where it goes through
+    /// the sparse attention), and counts in neither.
     double startup_seconds = 0;
     double cache_open_seconds = 0;
     double realign_seconds = 0;
