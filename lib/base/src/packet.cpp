@@ -44,6 +44,11 @@ std::size_t cache_dtype_size(CacheDtype dtype) {
     return dtype == CacheDtype::f32 ? 4 : 2;
 }
 
+int64_t packet_tensor_bytes(const CacheModelInfo& model, int64_t stored_length) {
+    return 2 * model.num_layers * model.num_kv_heads * stored_length * model.head_dim *
+           static_cast<int64_t>(cache_dtype_size(model.dtype));
+}
+
 void check_compatible(const CacheModelInfo& expected, const CacheModelInfo& found,
                       const std::string& what) {
     // `what` usually comes from CacheReader::source(): already quoted, or "standard input".

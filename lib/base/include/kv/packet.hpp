@@ -147,6 +147,9 @@ struct CacheModelInfo {
 void check_compatible(const CacheModelInfo& expected, const CacheModelInfo& found,
                       const std::string& what);
 
+/// The bytes of a packet's keys and values together, `stored_length` rows in `model`'s dtype.
+int64_t packet_tensor_bytes(const CacheModelInfo& model, int64_t stored_length);
+
 struct Provenance {
     std::string tool;          ///< "kvbake"
     std::string version;       ///< kvtools version

@@ -96,11 +96,6 @@ std::string packet_storage(const CacheReader& reader, const std::string& id) {
     return how;
 }
 
-int64_t tensor_bytes(const CacheModelInfo& model, const PacketInfo& info) {
-    return 2 * model.num_layers * model.num_kv_heads * info.stored_length * model.head_dim *
-           static_cast<int64_t>(cache_dtype_size(model.dtype));
-}
-
 std::string human_bytes(int64_t bytes) {
     const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     double value = static_cast<double>(bytes);
@@ -272,7 +267,7 @@ std::string describe_cache_text(const CacheReader& reader) {
     for (const PacketInfo& info : reader.packets()) {
         stored += info.stored_length;
         logical += info.logical_length;
-        bytes += tensor_bytes(model, info);
+        bytes += packet_tensor_bytes(model, info.stored_length);
         id_width = std::max(id_width, printable(info.id).size());
     }
     std::string text;
@@ -352,7 +347,7 @@ json::Value describe_cache_json(const CacheReader& reader) {
     for (const PacketInfo& info : reader.packets()) {
         stored += info.stored_length;
         logical += info.logical_length;
-        bytes += tensor_bytes(reader.model(), info);
+        bytes += packet_tensor_bytes(reader.model(), info.stored_length);
         json::Value packet = packet_info_json(info);
         packet.set("storage", packet_storage(reader, info.id));
         packets.push_back(std::move(packet));
@@ -658,7 +653,7 @@ ExportReport export_safetensors(const std::filesystem::path& input,
         const int64_t s = info.stored_length;
         const std::vector<int64_t> shape = {model.num_layers, model.num_kv_heads, s,
                                             model.head_dim};
-        const int64_t bytes = tensor_bytes(model, info) / 2;
+        const int64_t bytes = packet_tensor_bytes(model, info.stored_length) / 2;
         add(info.id + ".keys", dtype, shape, bytes);
         add(info.id + ".values", dtype, shape, bytes);
         add(info.id + ".token_ids", "I32", {s}, 4 * s);
@@ -674,14 +669,13 @@ ExportReport export_safetensors(const std::filesystem::path& input,
     // is left out, its count being in the metadata.
     std::vector<std::pair<std::string, const std::vector<float>*>> adapter_tensors;
     if (adapter) {
-        adapter_tensors = {{"adapter.header", &adapter->header},
-                           {"adapter.trailer", &adapter->trailer},
-                           {"adapter.optimizer.header_moment", &adapter->header_moment},
-                           {"adapter.optimizer.header_second_moment",
-                            &adapter->header_second_moment},
-                           {"adapter.optimizer.trailer_moment", &adapter->trailer_moment},
-                           {"adapter.optimizer.trailer_second_moment",
-                            &adapter->trailer_second_moment}};
+        adapter_tensors = {
+            {"adapter.header", &adapter->header},
+            {"adapter.trailer", &adapter->trailer},
+            {"adapter.optimizer.header_moment", &adapter->header_moment},
+            {"adapter.optimizer.header_second_moment", &adapter->header_second_moment},
+            {"adapter.optimizer.trailer_moment", &adapter->trailer_moment},
+            {"adapter.optimizer.trailer_second_moment", &adapter->trailer_second_moment}};
         std::erase_if(adapter_tensors, [](const auto& tensor) { return tensor.second->empty(); });
         for (const auto& [name, values] : adapter_tensors) {
             const int64_t count = static_cast<int64_t>(values->size());

@@ -70,9 +70,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 cache.reserve(cache.length() + info.stored_length + reserve_extra);
                 sourced.packet =
                     std::make_shared<Packet>(read_packet_into_cache(reader, info.id, cache));
-                sourced.bytes_read = 2 * info.stored_length * model_info.num_layers *
-                                     model_info.num_kv_heads * model_info.head_dim *
-                                     static_cast<int64_t>(cache_dtype_size(reader.model().dtype));
+                sourced.bytes_read = packet_tensor_bytes(reader.model(), info.stored_length);
             } else {
                 sourced = packets.packet(shared_reader, info.id);
             }
@@ -89,9 +87,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 };
             assembled.read_seconds += since(read_start);
             assembled.bytes_read +=
-                by_plane ? 2 * packet.stored_length() * model_info.num_layers *
-                               model_info.num_kv_heads * model_info.head_dim *
-                               static_cast<int64_t>(cache_dtype_size(reader.model().dtype))
+                by_plane ? packet_tensor_bytes(reader.model(), packet.stored_length())
                          : sourced.bytes_read;
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();

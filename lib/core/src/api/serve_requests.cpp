@@ -115,15 +115,12 @@ ReadAheadPackets read_request_packets(const std::string& line, const ServeOption
             if (selection.file == "-" || selection.id.empty()) continue;  // read when served
             std::shared_ptr<const CacheReader> store = cache.store(selection.file);
             out.stores.emplace_back(selection.file.string(), store);
-            const PacketInfo& info = store->packet_info(selection.id);
-            const CacheModelInfo& model = store->model();
-            const double bytes =
-                2.0 * static_cast<double>(info.stored_length) *
-                static_cast<double>(model.num_layers * model.num_kv_heads * model.head_dim) *
-                static_cast<double>(cache_dtype_size(model.dtype));
             // A large packet waits for its request: held here, it would be memory beyond the
             // bound.
-            if (bytes > static_cast<double>(cache.capacity()) / 4) continue;
+            if (packet_tensor_bytes(store->model(),
+                                    store->packet_info(selection.id).stored_length) >
+                cache.capacity() / 4)
+                continue;
             out.packets.push_back({{store.get(), selection.id}, cache.packet(store, selection.id)});
         }
     } catch (const std::exception&) {
@@ -368,52 +365,31 @@ RequestResult serve_line(int64_t line, const std::string& text, const ServeOptio
     return result;
 }
 
-/// Counts a result in the report and hands it on, in input order.
-class Answers {
-  public:
-    Answers(RequestsReport& report, const RequestsOptions& options, const PacketCache& packets,
-            Clock::time_point start)
-        : report_(report), options_(options), packets_(packets), start_(start) {}
+}  // namespace
 
-    void give(const RequestResult& result) {
-        ++report_.requests;
-        ++(result.ok ? report_.answered : report_.failed);
-        report_.read_ahead += result.read_ahead;
-        report_.seconds = seconds_since(start_);
-        // Offloaded to disk, a request's packets are copied from their files plane by plane and
-        // never pass through the PacketCache: its own counts are the only record of them.
-        if (result.ok && result.stats.offload == "disk") {
-            disk_packets_read_ += result.stats.packets_read;
-            disk_bytes_read_ += result.stats.cache_bytes_read;
-        }
-        const PacketCache::Stats kept = packets_.stats();
-        report_.stores = kept.stores;
-        report_.packets_read = kept.misses + disk_packets_read_;
-        report_.packets_from_memory = kept.hits;
-        report_.bytes_read = kept.bytes_read + disk_bytes_read_;
-        report_.packets_evicted = kept.evictions;
-        report_.kept_bytes = kept.kept_bytes;
-        report_.peak_kept_bytes = kept.peak_bytes;
-        if (options_.answer) options_.answer(result);
-        if (options_.progress) options_.progress(report_);
-    }
+RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
+                              const RequestsOptions& options) {
+    if (!defaults.document.empty())
+        throw UsageError(
+            "--document is one long context for one question; --requests serves questions over "
+            "--cache packets");
+    if (options.cache_memory < 0) throw UsageError("the memory for loaded packets must be >= 0");
+    if (options.read_ahead < 0) throw UsageError("the requests to read ahead must be >= 0");
+    RequestsReport report;
+    report.cache_memory = options.cache_memory;
+    report.threads = set_compute_threads(defaults.runtime.threads);
+    const auto load_start = Clock::now();
+    const Runtime runtime = load_runtime(defaults.runtime);
+    report.load_seconds = seconds_since(load_start);
 
-  private:
-    RequestsReport& report_;
-    const RequestsOptions& options_;
-    const PacketCache& packets_;
-    Clock::time_point start_;
-    int64_t disk_packets_read_ = 0, disk_bytes_read_ = 0;
-};
-
-/// One request at a time on the calling thread, the packets of the next ones read meanwhile on
-/// the read-ahead thread (RequestsOptions::read_ahead).
-void serve_one_by_one(RequestLines& lines, const ServeOptions& defaults, const Runtime& runtime,
-                      PacketCache& packets, int threads, int read_ahead_depth, Answers& answers) {
+    PacketCache packets(options.cache_memory, report.threads);
     // Nothing to read ahead where every request's packets stay on disk.
     std::optional<ReadAheadThread> read_ahead;
-    if (read_ahead_depth > 0 && defaults.offload != "disk") read_ahead.emplace(packets, defaults);
+    if (options.read_ahead > 0 && defaults.offload != "disk") read_ahead.emplace(packets, defaults);
     std::optional<KvCache> kept_cache;  // the last question's, for the next one
+    int64_t disk_packets_read = 0, disk_bytes_read = 0;
+    const auto start = Clock::now();
+    RequestLines lines(input);
     struct Waiting {
         int64_t line = 0;
         std::string text;
@@ -435,44 +411,39 @@ void serve_one_by_one(RequestLines& lines, const ServeOptions& defaults, const R
     };
     for (;;) {
         if (waiting.empty() && !take_line()) break;
-        while (read_ahead && waiting.size() <= static_cast<std::size_t>(read_ahead_depth) &&
+        while (read_ahead && waiting.size() <= static_cast<std::size_t>(options.read_ahead) &&
                lines.waiting() && take_line()) {
         }
         Waiting request = std::move(waiting.front());
         waiting.pop_front();
         RequestPackets request_packets(packets, &request.packets);
         RequestResult result = serve_line(request.line, request.text, defaults, runtime,
-                                          request_packets, threads, kept_cache);
+                                          request_packets, report.threads, kept_cache);
         result.read_ahead = request_packets.read_ahead();
         result.read_ahead_seconds = request_packets.read_seconds();
         result.read_ahead_wait_seconds = request_packets.waited_seconds();
-        answers.give(result);
+
+        ++report.requests;
+        ++(result.ok ? report.answered : report.failed);
+        report.read_ahead += result.read_ahead;
+        report.seconds = seconds_since(start);
+        // Offloaded to disk, a request's packets are copied from their files plane by plane and
+        // never pass through the PacketCache: its own counts are the only record of them.
+        if (result.ok && result.stats.offload == "disk") {
+            disk_packets_read += result.stats.packets_read;
+            disk_bytes_read += result.stats.cache_bytes_read;
+        }
+        const PacketCache::Stats kept = packets.stats();
+        report.stores = kept.stores;
+        report.packets_read = kept.misses + disk_packets_read;
+        report.packets_from_memory = kept.hits;
+        report.bytes_read = kept.bytes_read + disk_bytes_read;
+        report.packets_evicted = kept.evictions;
+        report.kept_bytes = kept.kept_bytes;
+        report.peak_kept_bytes = kept.peak_bytes;
+        if (options.answer) options.answer(result);
+        if (options.progress) options.progress(report);
     }
-}
-
-}  // namespace
-
-RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
-                              const RequestsOptions& options) {
-    if (!defaults.document.empty())
-        throw UsageError(
-            "--document is one long context for one question; --requests serves questions over "
-            "--cache packets");
-    if (options.cache_memory < 0) throw UsageError("the memory for loaded packets must be >= 0");
-    if (options.read_ahead < 0) throw UsageError("the requests to read ahead must be >= 0");
-    RequestsReport report;
-    report.cache_memory = options.cache_memory;
-    report.threads = set_compute_threads(defaults.runtime.threads);
-    const auto load_start = Clock::now();
-    const Runtime runtime = load_runtime(defaults.runtime);
-    report.load_seconds = seconds_since(load_start);
-
-    PacketCache packets(options.cache_memory, report.threads);
-    RequestLines lines(input);
-    Answers answers(report, options, packets, Clock::now());
-    const auto start = Clock::now();
-    serve_one_by_one(lines, defaults, runtime, packets, report.threads, options.read_ahead,
-                     answers);
     if (lines.bad())
         throw IoError("cannot read the requests after line " + std::to_string(lines.number()));
     report.seconds = seconds_since(start);

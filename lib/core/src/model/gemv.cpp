@@ -124,14 +124,10 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void rows_avx512_dpbf16(
     }
 }
 
-// Round to nearest even, as every bf16 conversion does.
+// Round to nearest even, as every bf16 conversion does (round_to_bf16).
 std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
     std::vector<uint16_t> result(static_cast<std::size_t>(count));
-    for (int64_t i = 0; i < count; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, &x[i], sizeof bits);
-        result[i] = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-    }
+    round_to_bf16(x, result.data(), count);
     return result;
 }
 

@@ -14,16 +14,23 @@ using kv::test::make_packet;
 using kv::test::test_model;
 using kv::test::write_store;
 
+// Packets "doc-0", "doc-1", ... of `tokens` tokens each, written to a store at `path`.
+std::vector<kv::Packet> write_docs(const std::filesystem::path& path,
+                                   const kv::CacheModelInfo& model, int count, int64_t tokens) {
+    std::vector<kv::Packet> packets;
+    for (int i = 0; i < count; ++i)
+        packets.push_back(make_packet(model, "doc-" + std::to_string(i), tokens, i));
+    write_store(path, model, packets);
+    return packets;
+}
+
 }  // namespace
 
 TEST_CASE("the packet cache keeps stores open and packets loaded, least recently used out",
           "[packet_source]") {
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model();
-    std::vector<kv::Packet> packets;
-    for (int i = 0; i < 4; ++i)
-        packets.push_back(make_packet(model, "doc-" + std::to_string(i), 10, i));
-    write_store(dir / "a.kvc", model, packets);
+    const std::vector<kv::Packet> packets = write_docs(dir / "a.kvc", model, 4, 10);
     const int64_t one = kv::packet_memory(packets[0]);
     CHECK(one > static_cast<int64_t>(packets[0].keys.size() + packets[0].values.size()));
 
@@ -93,10 +100,7 @@ TEST_CASE("two threads share a packet cache: each packet read once, the counts a
     // looks up the packets and directory entries of the request it serves.
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model();
-    std::vector<kv::Packet> packets;
-    for (int i = 0; i < 16; ++i)
-        packets.push_back(make_packet(model, "doc-" + std::to_string(i), 12, i));
-    write_store(dir / "a.kvc", model, packets);
+    const std::vector<kv::Packet> packets = write_docs(dir / "a.kvc", model, 16, 12);
     kv::PacketCache cache(int64_t{1} << 30);
     const auto store = cache.store(dir / "a.kvc");
     std::atomic<int> wrong{0};
