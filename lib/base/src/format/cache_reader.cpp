@@ -616,17 +616,27 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
     const std::string path = "/packets/" + packet_group_name(ordinal);
     const CacheModelInfo& m = s.model;
 
+    // An entry found through /packet_ids was read from this very group (find checked its id and
+    // took the lengths from it); one from the directory is checked against the group here.
+    bool read_from_group = false;
+    {
+        const std::lock_guard directory(state_->directory_mutex);
+        const auto at = s.found.find(id);
+        read_from_group = at != s.found.end() && &at->second.first == found;
+    }
     const Lock lock = lock_hdf5();
     Handle group = in.open_group(s.file.get(), path, path);
     const hid_t g = group.get();
-    if (in.string_attribute(g, "id", path) != id)
-        in.fail("the id of group " + kv::quoted(path) + " differs from the packet index");
-    for (const auto& [name, value] :
-         {std::pair<const char*, int64_t>{"logical_length", info.logical_length},
-          {"stored_length", info.stored_length}})
-        if (in.integer_attribute(g, name, path) != value)
-            in.fail(std::string(name) + " of group " + kv::quoted(path) +
-                    " differs from the packet index");
+    if (!read_from_group) {
+        if (in.string_attribute(g, "id", path) != id)
+            in.fail("the id of group " + kv::quoted(path) + " differs from the packet index");
+        for (const auto& [name, value] :
+             {std::pair<const char*, int64_t>{"logical_length", info.logical_length},
+              {"stored_length", info.stored_length}})
+            if (in.integer_attribute(g, name, path) != value)
+                in.fail(std::string(name) + " of group " + kv::quoted(path) +
+                        " differs from the packet index");
+    }
 
     Packet packet;
     packet.id = info.id;
@@ -773,7 +783,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
     };
     // Opened (its shape and stored bytes checked) before its memory is set aside.
     auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
-                           std::vector<std::byte>& target) {
+                           TensorBytes& target) {
         auto opened = open_tensor(parent, name, tokens);
         resize_for_bulk_read(
             target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) * tokens * row_bytes);
@@ -844,7 +854,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                                         static_cast<std::size_t>(m.head_dim) *
                                         cache_dtype_size(m.dtype);
         for (const bool keys : {true, false}) {
-            std::vector<std::byte>& tensor = keys ? packet.keys : packet.values;
+            TensorBytes& tensor = keys ? packet.keys : packet.values;
             for (int64_t layer = 0; layer < m.num_layers; ++layer)
                 for (int64_t head = 0; head < m.num_kv_heads; ++head)
                     (*receive)(
