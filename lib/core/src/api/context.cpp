@@ -17,7 +17,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
                                   const std::function<void(Packet&)>& before_append,
-                                  PacketSource* source) {
+                                  PacketSource* source, BosRows* bos_rows) {
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point start) {
         return std::chrono::duration<double>(Clock::now() - start).count();
@@ -27,6 +27,15 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
     DirectPacketSource direct;
     PacketSource& packets = source ? *source : direct;
     std::optional<std::string> context_adapter;  // the first packet's; the others must agree
+    auto add_bos_row = [&] {
+        if (bos_rows)
+            bos_rows->prefill(model, tokenizer.bos_id(), cache);
+        else {
+            const int32_t bos = tokenizer.bos_id();
+            model.prefill(std::span<const int32_t>(&bos, 1), cache);
+        }
+        assembled.bos_added = true;
+    };
     for (const std::string& spec : caches) {
         const CacheSelection selection = parse_cache_selection(spec);
         auto read_start = Clock::now();
@@ -56,9 +65,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 // are read to where BOS would go.
                 const Packet peek = reader.read_without_tensors_or_layouts(info.id);
                 if (peek.token_ids.empty() || peek.token_ids.front() != tokenizer.bos_id()) {
-                    const int32_t bos = tokenizer.bos_id();
-                    model.prefill(std::span<const int32_t>(&bos, 1), cache);
-                    assembled.bos_added = true;
+                    add_bos_row();
                 }
             }
             read_start = Clock::now();
@@ -92,9 +99,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
             if (cache.length() == 0 && add_bos && !starts_with_bos && !in_place) {
-                const int32_t bos = tokenizer.bos_id();
-                model.prefill(std::span<const int32_t>(&bos, 1), cache);
-                assembled.bos_added = true;
+                add_bos_row();
             }
             if (cache.next_position() + packet.logical_length >= context)
                 throw MismatchError("the cached context reaches " +

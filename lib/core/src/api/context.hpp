@@ -5,6 +5,7 @@
 
 #include "kv/format/packet_source.hpp"
 #include "kv/model/model.hpp"
+#include "kv/model/packets.hpp"
 #include "kv/packet.hpp"
 #include "kv/tokenizer.hpp"
 
@@ -42,12 +43,13 @@ struct AssembledContext {
 /// context fits the model. `before_append(packet)` runs before each packet is appended, after
 /// those checks (sparse attention takes the packet's index there: it may move it out; a packet
 /// the source keeps for later questions comes as a copy without tensors then). Stores and
-/// packets come from `source` (a DirectPacketSource: opened and read here).
+/// packets come from `source` (a DirectPacketSource: opened and read here), BOS from
+/// `bos_rows` where given.
 AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer,
                                   const CacheModelInfo& model_info,
                                   const std::vector<std::string>& caches, bool add_bos,
                                   int64_t reserve_extra, KvCache& cache,
                                   const std::function<void(Packet&)>& before_append = {},
-                                  PacketSource* source = nullptr);
+                                  PacketSource* source = nullptr, BosRows* bos_rows = nullptr);
 
 }  // namespace kv

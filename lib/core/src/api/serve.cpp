@@ -71,7 +71,7 @@ class Session {
     /// Checks the options against the loaded model and its tokenizer, and sets up the decoding
     /// attention; `sampler` samples, and the stores and packets come from `packets`.
     Session(const ServeOptions& options, ServeStats& stats, Sampler sampler, const Runtime& runtime,
-            PacketSource& packets, std::optional<KvCache>* kept_cache = nullptr);
+            PacketSource& packets, KeptBetweenQuestions* kept = nullptr);
     /// The --cache packets, in order, realigned, into a cache of the chosen tier; their indexes
     /// go to the sparse attention.
     void assemble_packets();
@@ -86,7 +86,7 @@ class Session {
     void decode(const Emit& emit);
     /// The sparse attention's counts and the rates, into the stats.
     void finish_stats();
-    /// Gives the cache in memory back to `kept_cache` for the next question.
+    /// Gives the cache in memory back to `kept` for the next question.
     void keep_cache();
 
   private:
@@ -103,7 +103,7 @@ class Session {
     Sampler sampler_;
     const Runtime& runtime_;
     PacketSource& packets_;
-    std::optional<KvCache>* kept_cache_;
+    KeptBetweenQuestions* kept_;
     const Model& model_;
     const Tokenizer& tokenizer_;
     const int64_t context_;
@@ -129,13 +129,13 @@ const ServeOptions& checked(const ServeOptions& options) {
 }
 
 Session::Session(const ServeOptions& options, ServeStats& stats, Sampler sampler,
-                 const Runtime& runtime, PacketSource& packets, std::optional<KvCache>* kept_cache)
+                 const Runtime& runtime, PacketSource& packets, KeptBetweenQuestions* kept)
     : options_(options),
       stats_(stats),
       sampler_(std::move(sampler)),
       runtime_(runtime),
       packets_(packets),
-      kept_cache_(kept_cache),
+      kept_(kept),
       model_(*runtime_.model),
       tokenizer_(*runtime_.tokenizer),
       context_(model_.config().max_position_embeddings),
@@ -212,19 +212,19 @@ void Session::assemble_packets() {
     // this one needs (one long question would otherwise keep its memory for every later one):
     // fresh, its pages faulted in anew as the packets were copied in, a few percent of
     // --requests' time.
-    const bool reuse = !offload_to_disk_ && kept_cache_ && *kept_cache_ &&
-                       (*kept_cache_)->capacity() <= 4 * std::max<int64_t>(planned, 256);
+    const bool reuse = !offload_to_disk_ && kept_ && kept_->cache &&
+                       kept_->cache->capacity() <= 4 * std::max<int64_t>(planned, 256);
     if (offload_to_disk_) {
         cache_.emplace(KvCache::on_disk(config.num_layers, config.num_kv_heads, config.head_dim,
                                         model_.dtype(), planned, options_.offload_dir));
     } else if (reuse) {
-        cache_.emplace(std::move(**kept_cache_));
+        cache_.emplace(std::move(*kept_->cache));
         cache_->clear();
         cache_->reserve(planned);
     } else {
         cache_.emplace(model_.new_cache(planned));
     }
-    if (kept_cache_) kept_cache_->reset();  // one not reused goes
+    if (kept_) kept_->cache.reset();  // one not reused goes
     KvCache& cache = *cache_;
     stats_.offloaded_bytes = cache.offloaded_bytes();
 
@@ -252,7 +252,7 @@ void Session::assemble_packets() {
                                       std::move(packet.index));
             stats_.index_restore_seconds += seconds_since(restore_start);
         },
-        &packets_);
+        &packets_, kept_ ? &kept_->bos : nullptr);
     if (packets_read_ > 0) report({"packets", packets_read_, packets_read_});
     stats_.cache_load_seconds = assembled_.read_seconds + planning_seconds;
     stats_.cache_open_seconds = assembled_.open_seconds + planning_seconds;
@@ -485,7 +485,7 @@ void Session::finish_stats() {
 }
 
 void Session::keep_cache() {
-    if (kept_cache_ && cache_ && !cache_->offloaded()) *kept_cache_ = std::move(cache_);
+    if (kept_ && cache_ && !cache_->offloaded()) kept_->cache = std::move(cache_);
 }
 
 void run(Session& session, const Emit& emit) {
@@ -501,13 +501,13 @@ void run(Session& session, const Emit& emit) {
 }  // namespace
 
 ServeStats serve_loaded(const ServeOptions& options, const Runtime& runtime, PacketSource& packets,
-                        const Emit& emit, int threads, std::optional<KvCache>* kept_cache) {
+                        const Emit& emit, int threads, KeptBetweenQuestions* kept) {
     ServeStats stats;
     torch::NoGradGuard no_grad;
     Sampler sampler(checked(options).sampling);
     stats.threads = threads;
     stats.seed = sampler.seed();
-    Session session(options, stats, std::move(sampler), runtime, packets, kept_cache);
+    Session session(options, stats, std::move(sampler), runtime, packets, kept);
     run(session, emit);
     return stats;
 }

@@ -345,7 +345,7 @@ class RequestLines {
 /// One request, served over `source`: its answer, or the one line of its error.
 RequestResult serve_line(int64_t line, const std::string& text, const ServeOptions& defaults,
                          const Runtime& runtime, PacketSource& source, int threads,
-                         std::optional<KvCache>& kept_cache) {
+                         KeptBetweenQuestions& kept) {
     RequestResult result;
     result.line = line;
     const auto start = Clock::now();
@@ -355,7 +355,7 @@ RequestResult serve_line(int64_t line, const std::string& text, const ServeOptio
         const ServeOptions request = request_options(fields, defaults);
         result.stats = serve_loaded(
             request, runtime, source, [&](std::string_view piece) { result.text += piece; },
-            threads, &kept_cache);
+            threads, &kept);
         result.ok = true;
     } catch (const std::exception& error) {
         result.error = one_line(error.what());
@@ -386,7 +386,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     // Nothing to read ahead where every request's packets stay on disk.
     std::optional<ReadAheadThread> read_ahead;
     if (options.read_ahead > 0 && defaults.offload != "disk") read_ahead.emplace(packets, defaults);
-    std::optional<KvCache> kept_cache;  // the last question's, for the next one
+    KeptBetweenQuestions kept;  // from the last question, for the next one
     int64_t disk_packets_read = 0, disk_bytes_read = 0;
     const auto start = Clock::now();
     RequestLines lines(input);
@@ -418,7 +418,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
         waiting.pop_front();
         RequestPackets request_packets(packets, &request.packets);
         RequestResult result = serve_line(request.line, request.text, defaults, runtime,
-                                          request_packets, report.threads, kept_cache);
+                                          request_packets, report.threads, kept);
         result.read_ahead = request_packets.read_ahead();
         result.read_ahead_seconds = request_packets.read_seconds();
         result.read_ahead_wait_seconds = request_packets.waited_seconds();

@@ -2,6 +2,7 @@
 
 #include "kv/error.hpp"
 #include "kv/format/cache_reader.hpp"
+#include "kv/model/model.hpp"
 
 namespace kv {
 
@@ -194,6 +195,30 @@ void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet
     }
     cache.commit();
     cache.advance_to(delta + packet.logical_length);
+}
+
+void BosRows::prefill(const Model& model, int32_t bos, KvCache& cache) {
+    if (cache.length() != 0 || cache.next_position() != 0)
+        throw Error("BOS goes into an empty cache");
+    const bool same = model_ == &model && bos_ == bos && !keys_.empty() &&
+                      keys_.front().scalar_type() == cache.dtype() &&
+                      keys_.front().device() == cache.device() && !cache.offloaded();
+    if (same) {
+        cache.append(keys_, values_, torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64)),
+                     {});
+        return;
+    }
+    model.prefill(std::span<const int32_t>(&bos, 1), cache);
+    model_ = nullptr;  // until the rows are kept
+    keys_.clear();
+    values_.clear();
+    if (cache.offloaded()) return;
+    for (int64_t layer = 0; layer < cache.num_layers(); ++layer) {
+        keys_.push_back(cache.keys(layer).narrow(1, 0, 1).clone());
+        values_.push_back(cache.values(layer).narrow(1, 0, 1).clone());
+    }
+    model_ = &model;
+    bos_ = bos;
 }
 
 }  // namespace kv

@@ -105,6 +105,46 @@ TEST_CASE("a cleared cache answers the next question as a fresh one does, bit fo
     }
 }
 
+TEST_CASE("BOS's kept rows are the rows the model gives BOS, bit for bit", "[packets]") {
+    // kvserve-once --requests computes BOS once and copies its rows into every later question.
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+        ModelConfig config = testing::small_config("LlamaForCausalLM");
+        auto model =
+            Model::from_weights(testing::make_random_model(config, 33).weights, dtype, torch::kCPU);
+        torch::NoGradGuard no_grad;
+        const Packet doc = bake_alone(*model, {7, 3, 11, 2}, "doc");
+        const std::vector<int32_t> question = {5, 9, 4};
+        const int32_t bos = 1;
+        BosRows kept;
+        std::vector<torch::Tensor> answers;
+        std::vector<KvCache> caches;
+        for (int question_number = 0; question_number < 3; ++question_number) {
+            KvCache cache = model->new_cache(64);
+            if (question_number < 2)
+                kept.prefill(*model, bos, cache);  // computed, then copied
+            else
+                model->prefill(std::span<const int32_t>(&bos, 1), cache);  // as without it
+            CHECK(cache.length() == 1);
+            CHECK(cache.next_position() == 1);
+            append_packet(model->rope(), cache, doc, CacheDtype::f32);
+            answers.push_back(model->prefill(question, cache));
+            caches.push_back(std::move(cache));
+        }
+        for (std::size_t other : {0, 1}) {
+            CHECK(torch::equal(answers[other], answers[2]));
+            CHECK(torch::equal(caches[other].positions(), caches[2].positions()));
+            for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+                CHECK(torch::equal(caches[other].keys(layer), caches[2].keys(layer)));
+                CHECK(torch::equal(caches[other].values(layer), caches[2].values(layer)));
+            }
+        }
+        KvCache not_empty = model->new_cache(64);
+        append_packet(model->rope(), not_empty, doc, CacheDtype::f32);
+        CHECK_THROWS_WITH(kept.prefill(*model, bos, not_empty),
+                          Catch::Contains("BOS goes into an empty cache"));
+    }
+}
+
 TEST_CASE("a compressed packet keeps its logical length when packed", "[packets]") {
     auto model = Model::from_weights(
         testing::make_random_model(testing::small_config("llama2.c"), 5).weights, torch::kFloat32,

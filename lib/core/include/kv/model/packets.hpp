@@ -14,6 +14,8 @@
 
 namespace kv {
 
+class Model;
+
 torch::ScalarType torch_dtype(CacheDtype dtype);
 CacheDtype cache_dtype(torch::ScalarType dtype);
 
@@ -49,5 +51,22 @@ void append_packet_in_place(const Rope& rope, KvCache& cache, const Packet& pack
 /// Packets that keep different tokens per head are refused (UnsupportedError).
 void append_packet_planes(const Rope& rope, KvCache& cache, const Packet& packet,
                           const CacheReader& reader, CacheDtype dtype);
+
+/// BOS's keys and values as the model computes them into an empty cache, at position 0: the same
+/// rows for every context that starts with them, so that a process answering many questions
+/// (kvserve-once --requests) computes them once and copies them after (a forward pass of the
+/// model for one token, a twentieth of a question on the demo model).
+class BosRows {
+  public:
+    /// Puts BOS (`bos`) into the empty `cache`: by the model the first time (and whenever the
+    /// model, the token or the cache's dtype or device differ from the last time), then as
+    /// the same rows.
+    void prefill(const Model& model, int32_t bos, KvCache& cache);
+
+  private:
+    const Model* model_ = nullptr;
+    int32_t bos_ = -1;
+    std::vector<torch::Tensor> keys_, values_;  // per layer, [kv_heads, 1, head_dim]
+};
 
 }  // namespace kv
