@@ -8,10 +8,16 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <numbers>
 #include <optional>
+#include <random>
+#include <type_traits>
 
 namespace kv {
 
@@ -30,48 +36,154 @@ bool rms_scaling_on_host(const torch::Tensor& x, const torch::Tensor& weight) {
 
 }  // namespace
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-    // At least float32 (bf16 sums drift), float64 kept for gradient checks.
-    const torch::Tensor x32 =
-        x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
-    const torch::Tensor mean_square = x32.pow(2).mean(-1, /*keepdim=*/true);
-    if (!rms_scaling_on_host(x, weight))
-        return (x32 * torch::rsqrt(mean_square + eps)).to(x.scalar_type()) * weight;
-    // The same arithmetic as those five libtorch operations (each ~1 us at a decoding step's
-    // sizes, 9 norms a step), in their order and roundings: the mean square plus eps in float32,
-    // 1 / sqrt, each product rounded to float32, then to x's dtype, then times the weight (in
-    // float32, rounded to the dtype). The mean itself stays libtorch's: its summation order.
-    const torch::Tensor rows = x32.contiguous();
-    const torch::Tensor squares = mean_square.contiguous();
-    torch::Tensor out =
-        torch::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-    const int64_t width = x.size(-1), count = width == 0 ? 0 : rows.numel() / width;
-    const float epsilon = static_cast<float>(eps);
-    const float* in = rows.data_ptr<float>();
-    const float* mean = squares.data_ptr<float>();
-    if (x.scalar_type() == torch::kBFloat16) {
-        const auto* w = weight.data_ptr<at::BFloat16>();
-        at::BFloat16* y = out.data_ptr<at::BFloat16>();
-        for (int64_t r = 0; r < count; ++r, y += width) {
-            const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
-            const float* row = in + r * width;
-            for (int64_t i = 0; i < width; ++i)
-                y[i] = at::BFloat16(static_cast<float>(at::BFloat16(row[i] * inverse)) *
-                                    static_cast<float>(w[i]));
+namespace {
+
+// libtorch's float sum of a contiguous row (1.13's SumKernel.cpp, vectorized_inner_sum with
+// row_sum and multi_row_sum over vectors of `Lanes` floats: four interleaved accumulators of
+// vectors, cascaded every 16 vectors of each, added together, then the row's tail after its last
+// whole vector one by one, then the vector's lanes in order), of squares[0..width), divided by
+// width as mean() divides. Lane-wise float additions in libtorch's order, so its bits.
+template <int Lanes>
+float mean_of_squares(const float* squares, int64_t width) {
+    using Vector = std::array<float, Lanes>;
+    auto add = [](Vector& to, const float* from) {
+        for (int lane = 0; lane < Lanes; ++lane)
+            to[static_cast<std::size_t>(lane)] += from[lane];
+    };
+    auto add_vector = [](Vector& to, const Vector& from) {
+        for (int lane = 0; lane < Lanes; ++lane)
+            to[static_cast<std::size_t>(lane)] += from[static_cast<std::size_t>(lane)];
+    };
+    const int64_t vectors = width / Lanes, groups = vectors / 4;
+    constexpr int64_t levels = 4, level_power = 4, level_step = int64_t{1} << level_power;
+    Vector acc[levels][4] = {};
+    int64_t i = 0;
+    for (; i + level_step <= groups;) {
+        for (int64_t j = 0; j < level_step; ++j, ++i)
+            for (int64_t k = 0; k < 4; ++k)
+                add(acc[0][k], squares + (i * 4 + k) * Lanes);
+        for (int64_t level = 1; level < levels; ++level) {
+            for (int64_t k = 0; k < 4; ++k) {
+                add_vector(acc[level][k], acc[level - 1][k]);
+                acc[level - 1][k] = Vector{};
+            }
+            if ((i & ((level_step - 1) << (level * level_power))) != 0) break;
         }
-    } else {
-        const float* w = weight.data_ptr<float>();
-        float* y = out.data_ptr<float>();
-        for (int64_t r = 0; r < count; ++r, y += width) {
-            const float inverse = 1.0f / std::sqrt(mean[r] + epsilon);
-            const float* row = in + r * width;
-            for (int64_t i = 0; i < width; ++i) {
-                const float scaled = row[i] * inverse;
-                y[i] = scaled * w[i];
+    }
+    for (; i < groups; ++i)
+        for (int64_t k = 0; k < 4; ++k)
+            add(acc[0][k], squares + (i * 4 + k) * Lanes);
+    for (int64_t level = 1; level < levels; ++level)
+        for (int64_t k = 0; k < 4; ++k)
+            add_vector(acc[0][k], acc[level][k]);
+    Vector sum = acc[0][0];
+    for (int64_t v = groups * 4; v < vectors; ++v)
+        add(sum, squares + v * Lanes);
+    for (int64_t k = 1; k < 4; ++k)
+        add_vector(sum, acc[0][k]);
+    float total = 0;
+    for (int64_t n = vectors * Lanes; n < width; ++n)
+        total += squares[n];
+    for (int lane = 0; lane < Lanes; ++lane)
+        total += sum[static_cast<std::size_t>(lane)];
+    return (0.0f + total) / static_cast<float>(width);
+}
+
+// The shortest rows libtorch sums with vectors, and the longest it sums on one thread whatever
+// the rows around them (a single row of 32,768 floats or more is split between threads).
+constexpr int64_t host_mean_min_width = 16, host_mean_max_width = 32767;
+
+// The vector width (16 floats with AVX-512 kernels, 8 with AVX2 or none) for which
+// mean_of_squares gives the bits of libtorch's pow(2).mean(-1) on rows of `width`, found once
+// per width by comparing with libtorch on random rows; 0 when neither does (another libtorch),
+// and rms_norm keeps libtorch's operations.
+int host_mean_lanes(int64_t width) {
+    static std::mutex mutex;
+    static std::map<int64_t, int> known;
+    const std::lock_guard lock(mutex);
+    if (const auto at = known.find(width); at != known.end()) return at->second;
+    std::mt19937 generator(static_cast<uint32_t>(width));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    constexpr int64_t rows = 4;
+    torch::Tensor probe = torch::empty({rows, width}, torch::kFloat32);
+    float* values = probe.data_ptr<float>();
+    for (int64_t n = 0; n < rows * width; ++n)  // magnitudes over several binades
+        values[n] = normal(generator) * std::ldexp(1.0f, static_cast<int>(n % 7) * 3 - 9);
+    const torch::Tensor expected = probe.pow(2).mean(-1, /*keepdim=*/true).contiguous();
+    std::vector<float> squares(static_cast<std::size_t>(width));
+    auto matches = [&](auto mean) {
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t n = 0; n < width; ++n)
+                squares[static_cast<std::size_t>(n)] =
+                    values[r * width + n] * values[r * width + n];
+            const float got = mean(squares.data(), width);
+            if (std::memcmp(&got, expected.data_ptr<float>() + r, sizeof got) != 0) return false;
+        }
+        return true;
+    };
+    const int lanes = matches(mean_of_squares<16>) ? 16 : matches(mean_of_squares<8>) ? 8 : 0;
+    known.emplace(width, lanes);
+    return lanes;
+}
+
+template <typename Element>
+void rms_norm_rows(const Element* in, const Element* weight, Element* out, int64_t count,
+                   int64_t width, float epsilon, int lanes) {
+    std::vector<float> squares(static_cast<std::size_t>(width));
+    for (int64_t r = 0; r < count; ++r, in += width, out += width) {
+        for (int64_t i = 0; i < width; ++i) {
+            const float value = static_cast<float>(in[i]);
+            squares[static_cast<std::size_t>(i)] = value * value;
+        }
+        const float mean = lanes == 16 ? mean_of_squares<16>(squares.data(), width)
+                                       : mean_of_squares<8>(squares.data(), width);
+        const float inverse = 1.0f / std::sqrt(mean + epsilon);
+        for (int64_t i = 0; i < width; ++i) {
+            if constexpr (std::is_same_v<Element, float>) {
+                out[i] = (static_cast<float>(in[i]) * inverse) * weight[i];
+            } else {
+                out[i] = Element(static_cast<float>(Element(static_cast<float>(in[i]) * inverse)) *
+                                 static_cast<float>(weight[i]));
             }
         }
     }
-    return out;
+}
+
+}  // namespace
+
+bool rms_norm_in_one_loop(int64_t width) {
+    return width >= host_mean_min_width && width <= host_mean_max_width &&
+           host_mean_lanes(width) != 0;
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+    // libtorch's arithmetic, in its order and roundings: x in float32 (float64 kept for gradient
+    // checks), the mean of the squares, plus eps, 1 / sqrt, each product rounded to float32,
+    // then to x's dtype, then times the weight (in float32, rounded to the dtype). On the host,
+    // without autograd, one loop does all of it: the five operations and their tensors, ~1 us
+    // each at a decoding step's sizes, nine norms a step, were a sixth of the demo model's step.
+    const int64_t width = x.dim() > 0 ? x.size(-1) : 0;
+    const int lanes = rms_scaling_on_host(x, weight) && width >= host_mean_min_width &&
+                              width <= host_mean_max_width
+                          ? host_mean_lanes(width)
+                          : 0;
+    if (lanes != 0) {
+        const torch::Tensor rows = x.contiguous();
+        torch::Tensor out = torch::empty(x.sizes(), rows.options());
+        const int64_t count = rows.numel() / width;
+        const auto epsilon = static_cast<float>(eps);
+        if (x.scalar_type() == torch::kBFloat16)
+            rms_norm_rows(rows.data_ptr<at::BFloat16>(), weight.data_ptr<at::BFloat16>(),
+                          out.data_ptr<at::BFloat16>(), count, width, epsilon, lanes);
+        else
+            rms_norm_rows(rows.data_ptr<float>(), weight.data_ptr<float>(), out.data_ptr<float>(),
+                          count, width, epsilon, lanes);
+        return out;
+    }
+    const torch::Tensor x32 =
+        x.to(x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+    const torch::Tensor mean_square = x32.pow(2).mean(-1, /*keepdim=*/true);
+    return (x32 * torch::rsqrt(mean_square + eps)).to(x.scalar_type()) * weight;
 }
 
 namespace {

@@ -206,6 +206,30 @@ TEST_CASE("rms_norm's host loop gives the bits of libtorch's operations", "[ops]
     }
 }
 
+TEST_CASE("rms_norm's own mean of squares gives libtorch's bits at every width", "[ops]") {
+    torch::NoGradGuard no_gradients;
+    // Widths below a vector (libtorch's then), around its cascade of 16 x 4 vectors, with tails
+    // after the last whole vector and after the last group of four, and models' hidden sizes.
+    for (int64_t width : {8, 15, 16, 17, 33, 64, 100, 128, 255, 256, 1000, 1024, 1031, 2048, 3072,
+                          4100, 5120, 8192, 16400}) {
+        // Debian's libtorch 1.13 (the tested one) sums as rms_norm does from 16 floats on.
+        if (width >= 16 && !rms_norm_in_one_loop(width))
+            WARN("rms_norm takes libtorch's operations for width " << width);
+        for (int64_t rows : {1, 5}) {
+            const torch::Tensor x =
+                random_tensor({rows, width}, static_cast<uint64_t>(width * 10 + rows)) *
+                torch::exp(random_tensor({width}, 7) * 3);
+            for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+                INFO("width " << width << ", rows " << rows << ", " << c10::toString(dtype));
+                const torch::Tensor input = x.to(dtype);
+                const torch::Tensor weight = random_tensor({width}, 9).to(dtype);
+                CHECK(torch::equal(rms_norm(input, weight, 1e-5),
+                                   rms_norm_through_libtorch(input, weight, 1e-5)));
+            }
+        }
+    }
+}
+
 TEST_CASE("Rope::apply's host rows give the bits of libtorch's operations", "[ops][rope]") {
     torch::NoGradGuard no_gradients;
     for (RopeLayout layout : {RopeLayout::half_split, RopeLayout::interleaved}) {

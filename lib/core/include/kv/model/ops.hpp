@@ -14,6 +14,11 @@ namespace kv {
 /// y = x / sqrt(mean(x^2) + eps) * weight over the last dimension; the statistics are computed in
 /// float32 whatever x's dtype (as Hugging Face does), the result has x's dtype.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+/// Whether rms_norm computes host rows of `width` (f32 or bf16, no gradients) in one loop of its
+/// own: where its sum of squares gives the bits of this libtorch's (checked once per width), and
+/// the width is one libtorch sums with vectors on one thread (16 to 32,767); else through
+/// libtorch's operations.
+bool rms_norm_in_one_loop(int64_t width);
 
 /// x W^T (+ bias). One-row inputs on CPU (decoding) use kv's gemv kernels, which stream f32
 /// weights faster than libtorch's `mv` and bf16 weights ~10x faster than libtorch's bf16 path.
