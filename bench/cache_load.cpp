@@ -19,7 +19,7 @@ namespace {
 
 // Keys and values of a layer's shape: normal-looking values (the sum of four uniform ones) with
 // a scale per channel, as real keys have, so that they compress as real ones do.
-void fill(kv::TensorBytes& out, kv::CacheDtype dtype, int64_t count, int64_t head_dim,
+void fill(std::vector<std::byte>& out, kv::CacheDtype dtype, int64_t count, int64_t head_dim,
           uint64_t seed) {
     out.resize(static_cast<std::size_t>(count) * kv::cache_dtype_size(dtype));
     uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;

@@ -81,9 +81,9 @@ inline void write_store(const std::filesystem::path& path, const kv::CacheModelI
 
 /// The keys and values read_planes() hands out, laid end to end in the order received:
 /// [layers, kv_heads, S, head_dim] each, as Packet holds them.
-inline std::pair<TensorBytes, TensorBytes> read_all_planes(const CacheReader& reader,
-                                                           const std::string& id) {
-    std::pair<TensorBytes, TensorBytes> planes;
+inline std::pair<std::vector<std::byte>, std::vector<std::byte>> read_all_planes(
+    const CacheReader& reader, const std::string& id) {
+    std::pair<std::vector<std::byte>, std::vector<std::byte>> planes;
     int64_t expected = 0;  // (layer, head) in order, keys first
     const int64_t per_tensor = reader.model().num_layers * reader.model().num_kv_heads;
     const auto row_bytes =

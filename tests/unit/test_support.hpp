@@ -2,8 +2,6 @@
 // the real model files are (../shared/models, or $KV_MODELS_DIR).
 #pragma once
 
-#include "kv/packet.hpp"
-
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -20,12 +18,6 @@ namespace Catch {
 template <>
 struct StringMaker<std::vector<std::byte>> {
     static std::string convert(const std::vector<std::byte>& bytes) {
-        return "<" + std::to_string(bytes.size()) + " bytes>";
-    }
-};
-template <>
-struct StringMaker<kv::TensorBytes> {
-    static std::string convert(const kv::TensorBytes& bytes) {
         return "<" + std::to_string(bytes.size()) + " bytes>";
     }
 };

@@ -8,7 +8,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <span>
 #include <vector>
 
 namespace kv {
@@ -101,7 +100,7 @@ inline void store_float(std::byte* data, CacheDtype dtype, std::size_t i, float 
     std::memcpy(data + 2 * i, &bits, 2);
 }
 
-inline std::vector<float> to_float(std::span<const std::byte> bytes, CacheDtype dtype) {
+inline std::vector<float> to_float(const std::vector<std::byte>& bytes, CacheDtype dtype) {
     const std::size_t count = bytes.size() / cache_dtype_size(dtype);
     std::vector<float> values(count);
     for (std::size_t i = 0; i < count; ++i)

@@ -83,10 +83,10 @@ void require_disk_space(double bytes, const std::filesystem::path& folder, const
 
 /// vector.resize(count) for a vector about to receive a large read: the storage is reserved
 /// and advised before resize touches it.
-template <class T, class Allocator>
-void resize_for_bulk_read(std::vector<T, Allocator>& vector, std::size_t count) {
+template <class T>
+void resize_for_bulk_read(std::vector<T>& vector, std::size_t count) {
     if (count > vector.capacity() && count * sizeof(T) >= huge_page_worthy_bytes) {
-        std::vector<T, Allocator> fresh;
+        std::vector<T> fresh;
         fresh.reserve(count);
         advise_huge_pages(fresh.data(), count * sizeof(T));
         fresh.assign(vector.begin(), vector.end());

@@ -10,38 +10,10 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace kv {
-
-/// std::allocator, except that a vector's resize leaves the new elements uninitialised (default-,
-/// not value-initialised): for buffers a read fills right after. Zeroing a packet's half MiB of
-/// keys and values before the read overwrote them was a tenth of kvserve-once --requests'
-/// reading thread.
-template <class T>
-struct UninitializedAllocator : std::allocator<T> {
-    template <class U>
-    struct rebind {
-        using other = UninitializedAllocator<U>;
-    };
-    UninitializedAllocator() noexcept = default;
-    template <class U>
-    UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
-    template <class U>
-    void construct(U* at) noexcept(std::is_nothrow_default_constructible_v<U>) {
-        ::new (static_cast<void*>(at)) U;
-    }
-    template <class U, class... Args>
-    void construct(U* at, Args&&... args) {
-        ::new (static_cast<void*>(at)) U(std::forward<Args>(args)...);
-    }
-};
-
-/// A tensor's bytes as stored (keys, values, a quantised tensor's residual). `resize` does not
-/// zero what it adds: write every byte, or use assign(count, std::byte{0}).
-using TensorBytes = std::vector<std::byte, UninitializedAllocator<std::byte>>;
 
 // ---------------------------------------------------------------------------------------------
 // IceCache's index of a packet as a cache file stores it (formats/kvcache.md, section 6.5),
@@ -127,11 +99,11 @@ struct Quantization {
 /// One tensor [planes, slots, dim] as stored quantised: the first `slots - residual` slots of
 /// each plane as codes, scales and offsets, the rest as they were.
 struct QuantizedTensor {
-    int64_t quantized_slots = 0;  ///< per plane
-    std::vector<uint8_t> codes;   ///< [planes, quantized_slots, dim * bits / 8]
-    std::vector<float> scales;    ///< [planes, quantized_slots, dim / group]
-    std::vector<float> offsets;   ///< likewise: value = code * scale + offset
-    TensorBytes residual;         ///< [planes, slots - quantized_slots, dim] in the dtype
+    int64_t quantized_slots = 0;      ///< per plane
+    std::vector<uint8_t> codes;       ///< [planes, quantized_slots, dim * bits / 8]
+    std::vector<float> scales;        ///< [planes, quantized_slots, dim / group]
+    std::vector<float> offsets;       ///< likewise: value = code * scale + offset
+    std::vector<std::byte> residual;  ///< [planes, slots - quantized_slots, dim] in the dtype
 };
 
 /// A packet's quantised tensors as read from a file: a writer given keys and values they still
@@ -197,8 +169,8 @@ struct Packet {
     int64_t header_tokens = 0;        ///< adapter soft tokens before the document
     int64_t trailer_tokens = 0;       ///< and after
     /// [num_layers, num_kv_heads, stored_length, head_dim] in the file's dtype, keys after RoPE.
-    TensorBytes keys;
-    TensorBytes values;
+    std::vector<std::byte> keys;
+    std::vector<std::byte> values;
     /// IceCache's index of the keys (kvindex), empty when the packet has none.
     PacketIndex index;
     /// Per-(layer, kv-head) kept tokens of a compressed packet (formats/kvcache.md 6.3), both

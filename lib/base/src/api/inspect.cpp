@@ -109,7 +109,7 @@ std::string human_bytes(int64_t bytes) {
 
 // Counts the values of a [layers, heads, tokens, dim] tensor that are not finite and describes
 // the first one, or returns "" when all are.
-std::string describe_non_finite(const TensorBytes& bytes, const CacheModelInfo& model,
+std::string describe_non_finite(const std::vector<std::byte>& bytes, const CacheModelInfo& model,
                                 int64_t stored_length) {
     const std::vector<float> values = to_float(bytes, model.dtype);
     std::size_t count = 0, first = 0;
@@ -402,7 +402,7 @@ CheckReport check_cache(const std::filesystem::path& path) {
         try {
             const Packet packet = reader->read(info.id);
             for (const auto& [name, tensor] :
-                 {std::pair<const char*, const TensorBytes*>{"keys", &packet.keys},
+                 {std::pair<const char*, const std::vector<std::byte>*>{"keys", &packet.keys},
                   {"values", &packet.values}}) {
                 const std::string found = describe_non_finite(*tensor, model, info.stored_length);
                 if (!found.empty())

@@ -135,7 +135,7 @@ Packet pack_packets(const std::vector<Packet>& packets, const CacheModelInfo& mo
     std::vector<int64_t> filled(planes, 0);
     for (const Packet& packet : packets) {
         const std::size_t rows = static_cast<std::size_t>(packet.stored_length());
-        TensorBytes keys = packet.keys;
+        std::vector<std::byte> keys = packet.keys;
         rotate_keys(keys.data(), model.dtype, planes * rows, rope, offset);
         // [L, H, S, D] per packet into [L, H, S_total, D]: one copy per (layer, kv head).
         for (std::size_t plane = 0; plane < planes; ++plane) {

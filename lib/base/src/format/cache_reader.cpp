@@ -783,7 +783,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
     };
     // Opened (its shape and stored bytes checked) before its memory is set aside.
     auto read_tensor = [&](hid_t parent, const std::string& name, hsize_t tokens,
-                           TensorBytes& target) {
+                           std::vector<std::byte>& target) {
         auto opened = open_tensor(parent, name, tokens);
         resize_for_bulk_read(
             target, static_cast<std::size_t>(m.num_layers * m.num_kv_heads) * tokens * row_bytes);
@@ -854,7 +854,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                                         static_cast<std::size_t>(m.head_dim) *
                                         cache_dtype_size(m.dtype);
         for (const bool keys : {true, false}) {
-            TensorBytes& tensor = keys ? packet.keys : packet.values;
+            std::vector<std::byte>& tensor = keys ? packet.keys : packet.values;
             for (int64_t layer = 0; layer < m.num_layers; ++layer)
                 for (int64_t head = 0; head < m.num_kv_heads; ++head)
                     (*receive)(

@@ -105,13 +105,14 @@ QuantizedTensor quantize_tensor(const std::byte* data, CacheDtype dtype, int64_t
     return out;
 }
 
-TensorBytes dequantize_tensor(const QuantizedTensor& tensor, CacheDtype dtype, int64_t planes,
-                              int64_t slots, int64_t dim, const Quantization& quantization) {
+std::vector<std::byte> dequantize_tensor(const QuantizedTensor& tensor, CacheDtype dtype,
+                                         int64_t planes, int64_t slots, int64_t dim,
+                                         const Quantization& quantization) {
     const int64_t quantized = tensor.quantized_slots, residual = slots - quantized;
     const int64_t group = quantization.group_size, groups = dim / group;
     const int64_t code_bytes = dim * quantization.bits / 8;
     const std::size_t element = cache_dtype_size(dtype);
-    TensorBytes out(static_cast<std::size_t>(planes * slots * dim) * element);  // all written
+    std::vector<std::byte> out(static_cast<std::size_t>(planes * slots * dim) * element);
     // Loading is the hot path (every read of a quantised file): codes unpacked a row at a time
     // into floats, then stored with the dtype's conversion chosen once, not per value.
     std::vector<float> values(static_cast<std::size_t>(dim));

@@ -22,7 +22,7 @@ void write_quantized(const FileWriter& out, hid_t packet_group, const Packet& pa
     // values again would move them by rounding at every rewrite (kvindex, merge, append).
     // Checked here, on the rare rewrite, rather than by hashing every load.
     const QuantizedPayload* stored = packet.stored_quantized.get();
-    auto unchanged = [&](const QuantizedTensor& tensor, const TensorBytes& bytes) {
+    auto unchanged = [&](const QuantizedTensor& tensor, const std::vector<std::byte>& bytes) {
         return dequantize_tensor(tensor, m.dtype, planes, slots, m.head_dim, quantization) == bytes;
     };
     const bool reuse = stored && stored->quantization == quantization &&

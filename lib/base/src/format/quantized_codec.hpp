@@ -25,8 +25,8 @@ Quantization read_quantization(const FileReader& in, hid_t group);
 
 /// Reads a whole tensor in the file's dtype (keys, values, a residual) of `tokens` tokens per
 /// (layer, kv-head) into `target`, checking its shape and type.
-using TensorReader =
-    std::function<void(hid_t parent, const std::string& name, hsize_t tokens, TensorBytes& target)>;
+using TensorReader = std::function<void(hid_t parent, const std::string& name, hsize_t tokens,
+                                        std::vector<std::byte>& target)>;
 /// Reads the packet's quantised keys and values (it has `stored` tokens) and dequantises them
 /// into packet.keys and packet.values, keeping the codes in packet.stored_quantized.
 void read_quantized(const FileReader& in, hid_t packet_group, const CacheModelInfo& model,

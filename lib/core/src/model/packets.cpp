@@ -32,7 +32,7 @@ void copy_cache_to_packet(const KvCache& cache, int64_t begin, int64_t count, Ca
         keys.push_back(cache.keys(layer).narrow(1, begin, count));
         values.push_back(cache.values(layer).narrow(1, begin, count));
     }
-    auto to_bytes = [&](const std::vector<torch::Tensor>& layers, TensorBytes& out) {
+    auto to_bytes = [&](const std::vector<torch::Tensor>& layers, std::vector<std::byte>& out) {
         const torch::Tensor stacked =
             torch::stack(layers).to(torch::kCPU, torch_dtype(dtype)).contiguous();
         const auto* data = static_cast<const std::byte*>(stacked.data_ptr());
@@ -44,7 +44,7 @@ void copy_cache_to_packet(const KvCache& cache, int64_t begin, int64_t count, Ca
 
 torch::Tensor packet_tensor(const Packet& packet, bool keys, int64_t num_layers, int64_t kv_heads,
                             int64_t head_dim, CacheDtype dtype) {
-    const TensorBytes& bytes = keys ? packet.keys : packet.values;
+    const std::vector<std::byte>& bytes = keys ? packet.keys : packet.values;
     const int64_t tokens = packet.stored_length();
     const std::size_t expected =
         static_cast<std::size_t>(num_layers * kv_heads * tokens * head_dim) *

@@ -18,10 +18,10 @@ using namespace kv;
 
 namespace {
 
-TensorBytes random_f32(std::size_t count, uint64_t seed, double scale = 1.0) {
+std::vector<std::byte> random_f32(std::size_t count, uint64_t seed, double scale = 1.0) {
     std::mt19937_64 generator(seed);
     std::normal_distribution<double> normal(0.0, scale);
-    TensorBytes bytes(count * 4);
+    std::vector<std::byte> bytes(count * 4);
     for (std::size_t i = 0; i < count; ++i) {
         const float x = static_cast<float>(normal(generator));
         std::memcpy(bytes.data() + 4 * i, &x, 4);
@@ -29,7 +29,7 @@ TensorBytes random_f32(std::size_t count, uint64_t seed, double scale = 1.0) {
     return bytes;
 }
 
-float value_of(std::span<const std::byte> bytes, std::size_t i) {
+float value_of(const std::vector<std::byte>& bytes, std::size_t i) {
     float x;
     std::memcpy(&x, bytes.data() + 4 * i, 4);
     return x;
@@ -96,7 +96,7 @@ TEST_CASE("a constant group and an empty residual are exact", "[quantize]") {
     Quantization q;
     q.bits = 8;
     q.group_size = 4;
-    TensorBytes data(4 * 4);
+    std::vector<std::byte> data(4 * 4);
     const float values[4] = {0.5f, 0.5f, 0.5f, 0.5f};
     std::memcpy(data.data(), values, sizeof values);
     const auto back = dequantize_tensor(quantize_tensor(data.data(), CacheDtype::f32, 1, 1, 4, q),
@@ -112,7 +112,7 @@ TEST_CASE("quantised packets round-trip through the file, dequantised on read", 
         Packet packet = test::make_packet(test::test_model(), "q", 40, 5);
         if (dtype == CacheDtype::bf16)
             for (auto* tensor : {&packet.keys, &packet.values}) {
-                TensorBytes half(tensor->size() / 2);
+                std::vector<std::byte> half(tensor->size() / 2);
                 for (std::size_t i = 0; i < half.size() / 2; ++i)
                     store_float(half.data(), CacheDtype::bf16, i,
                                 load_float(tensor->data(), CacheDtype::f32, i));

@@ -461,7 +461,7 @@ Packet norm_ordered_packet(const std::string& id, int64_t header = 0, int64_t tr
         }
     auto bytes = [](const std::vector<float>& x) {
         const auto* p = reinterpret_cast<const std::byte*>(x.data());
-        return TensorBytes(p, p + x.size() * sizeof(float));
+        return std::vector<std::byte>(p, p + x.size() * sizeof(float));
     };
     packet.keys = bytes(keys);
     packet.values = bytes(values);

@@ -245,7 +245,7 @@ TEST_CASE("a cache offloaded to disk holds and decodes exactly what one in memor
                                          torch::kFloat32);
                     const torch::Tensor narrow = wide.to(torch::kBFloat16);
                     const auto* bytes = static_cast<const std::byte*>(narrow.data_ptr());
-                    *tensor = TensorBytes(bytes, bytes + narrow.nbytes());
+                    *tensor = std::vector<std::byte>(bytes, bytes + narrow.nbytes());
                 }
         }
         const auto path = dir.path() / (std::string(cache_dtype_name(stored)) + ".kvc");
@@ -393,7 +393,7 @@ TEST_CASE("a long packet goes to disk in pieces, realigned, as append_packet put
                 torch::randn({count}, torch::TensorOptions().dtype(torch::kFloat32))
                     .to(torch::kBFloat16);
             const auto* bytes = static_cast<const std::byte*>(values.data_ptr());
-            *tensor = TensorBytes(bytes, bytes + values.nbytes());
+            *tensor = std::vector<std::byte>(bytes, bytes + values.nbytes());
         }
         return packet;
     };
@@ -444,7 +444,7 @@ TEST_CASE("packets read straight into a cache's rows hold what append_packet put
                     torch::randn({static_cast<int64_t>(tensor->size() / cache_dtype_size(dtype))})
                         .to(scalar);
                 const auto* bytes = static_cast<const std::byte*>(values.data_ptr());
-                *tensor = TensorBytes(bytes, bytes + values.nbytes());
+                *tensor = std::vector<std::byte>(bytes, bytes + values.nbytes());
             }
         packets[1].logical_length = 50;  // a compressed packet keeps its gap
         const auto path = dir.path() / (std::string(cache_dtype_name(dtype)) + ".kvc");

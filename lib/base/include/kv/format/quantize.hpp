@@ -27,7 +27,8 @@ void check_quantization(const Quantization& quantization, int64_t head_dim,
 QuantizedTensor quantize_tensor(const std::byte* data, CacheDtype dtype, int64_t planes,
                                 int64_t slots, int64_t dim, const Quantization& quantization);
 /// The tensor back in `dtype`, [planes, slots, dim]: code * scale + offset.
-TensorBytes dequantize_tensor(const QuantizedTensor& tensor, CacheDtype dtype, int64_t planes,
-                              int64_t slots, int64_t dim, const Quantization& quantization);
+std::vector<std::byte> dequantize_tensor(const QuantizedTensor& tensor, CacheDtype dtype,
+                                         int64_t planes, int64_t slots, int64_t dim,
+                                         const Quantization& quantization);
 
 }  // namespace kv
