@@ -50,6 +50,10 @@ struct CacheReader::State {
     std::vector<PacketInfo> packets;
     std::unordered_map<std::string, std::size_t> by_id;
     std::unordered_map<std::string, std::pair<PacketInfo, std::size_t>> found;
+    // Lookups through /packet_ids so far, and whether reading the directory whole failed
+    // (then the lookups go on one by one, each entry checked as it is found).
+    std::size_t links_followed = 0;
+    bool directory_unreadable = false;
     // Guards the three above (written under HDF5's lock as well): an entry found before is
     // looked up without HDF5's lock, which another thread's read may hold for a millisecond
     // (kvserve-once --requests reads the next request's packets ahead).
@@ -383,6 +387,17 @@ std::pair<const PacketInfo*, std::size_t> CacheReader::find(const std::string& i
     if (const auto answer = known()) return *answer;
     const Lock lock = lock_hdf5();
     if (const auto answer = known()) return *answer;  // found meanwhile
+    // Past a 32nd of the store (and 64), reading the directory whole costs less than the lookups
+    // to come: ~25 ms for 10,000 entries against ~0.1 ms a lookup.
+    if (!s.directory_unreadable &&
+        ++s.links_followed > std::max<std::size_t>(64, static_cast<std::size_t>(s.count) / 32)) {
+        try {
+            read_directory();
+        } catch (const FormatError&) {
+            s.directory_unreadable = true;
+        }
+        if (const auto answer = known()) return *answer;
+    }
     // One lookup of the packet's link (section 6.1); the group it leads to gives the entry.
     const FileReader in(s.source);
     const FileReader checked(s.source, s.raw_checks ? &s.raw : nullptr);

@@ -6,6 +6,7 @@
 #include "kv/index/dci.hpp"
 #include "test_support.hpp"
 
+#include <hdf5.h>
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -180,8 +181,7 @@ TEST_CASE("index layouts left in the file are read one at a time as read() reads
                       Catch::Contains("no packet 'absent'"));
 }
 
-TEST_CASE("an index over some layers is written with its feature, and read back",
-          "[cache_file]") {
+TEST_CASE("an index over some layers is written with its feature, and read back", "[cache_file]") {
     // kvindex --dense-layers / --reuse-layers: the index covers layers 1 and 2 of 3 only.
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model();
@@ -567,8 +567,8 @@ TEST_CASE("a packet is found by its link in /packet_ids, without reading the dir
           "[cache_file]") {
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model();
-    const std::vector<std::string> ids = {"doc-1", "with/slash", "100%", "%2F", ".", "..",
-                                          "naïve ünïcode", "日本語", " "};
+    const std::vector<std::string> ids = {"doc-1", "with/slash",    "100%",   "%2F", ".",
+                                          "..",    "naïve ünïcode", "日本語", " "};
     std::vector<kv::Packet> packets;
     for (std::size_t i = 0; i < ids.size(); ++i)
         packets.push_back(make_packet(model, ids[i], 2 + static_cast<int>(i), static_cast<int>(i)));
@@ -627,6 +627,52 @@ TEST_CASE("a packet is found by its link in /packet_ids, without reading the dir
     const kv::CacheReader older(corpus / "good/0010_many_packets.kvc");
     CHECK(older.packet_info("with/slash").stored_length > 0);
     CHECK_NOTHROW(older.check_packet_ids());
+}
+
+TEST_CASE("many lookups read the directory once; a bad one leaves them to the links",
+          "[cache_file]") {
+    kv::test::TempDir dir;
+    const kv::CacheModelInfo model = test_model();
+    std::vector<kv::Packet> packets;
+    for (int i = 0; i < 100; ++i)
+        packets.push_back(
+            make_packet(model, "doc-" + std::to_string(i), 1 + i % 5, static_cast<uint32_t>(i)));
+    write_store(dir / "a.kvc", model, packets);
+    std::filesystem::copy_file(dir / "a.kvc", dir / "b.kvc");
+    // b's directory holds a bad entry (a stored length above the logical one) for the last
+    // packet only; its group and link are right.
+    {
+        const hid_t file = H5Fopen((dir / "b.kvc").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        REQUIRE(file >= 0);
+        const hid_t lengths = H5Dopen2(file, "/packet_index/stored_length", H5P_DEFAULT);
+        REQUIRE(lengths >= 0);
+        std::vector<int64_t> values(packets.size());
+        REQUIRE(H5Dread(lengths, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >=
+                0);
+        values.back() = 1000;
+        REQUIRE(H5Dwrite(lengths, H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >=
+                0);
+        H5Dclose(lengths);
+        H5Fclose(file);
+    }
+    // Past 64 lookups through the links, a reads its directory whole and answers from it; b
+    // cannot, and goes on through the links, each entry checked as it is found.
+    const kv::CacheReader a(dir / "a.kvc"), b(dir / "b.kvc");
+    for (std::size_t i = 0; i < packets.size(); ++i) {
+        const kv::Packet& packet = packets[i];
+        CAPTURE(packet.id);
+        for (const kv::CacheReader* reader : {&a, &b}) {
+            const kv::PacketInfo& info = reader->packet_info(packet.id);
+            CHECK(info.id == packet.id);
+            CHECK(info.stored_length == packet.stored_length());
+            CHECK(info.logical_length == packet.logical_length);
+            if (i % 10 == 9) check_same_packet(reader->read(packet.id), packet);
+        }
+    }
+    CHECK_FALSE(a.has_packet("absent"));
+    CHECK_FALSE(b.has_packet("absent"));
+    CHECK(a.packets().size() == packets.size());
+    CHECK_THROWS_AS(b.packets(), kv::FormatError);
 }
 
 TEST_CASE("a cache file lock excludes a second locker and follows replacement", "[cache_file]") {

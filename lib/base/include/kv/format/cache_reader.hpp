@@ -64,7 +64,10 @@ class CacheReader {
     /// the first call.
     const std::vector<PacketInfo>& packets() const;
     /// One entry, found through /packet_ids unless the directory was read whole; throws
-    /// FormatError naming the id (and a few that the file holds) when there is none.
+    /// FormatError naming the id (and a few that the file holds) when there is none. A reader
+    /// asked for many entries (more than 64 and a 32nd of the store's packets, as kvserve-once
+    /// --requests asks over a job) reads the directory whole once and answers the rest from it:
+    /// each lookup costs a constant on average, and a few never read the whole directory.
     const PacketInfo& packet_info(const std::string& id) const;
     bool has_packet(const std::string& id) const;
     /// Throws FormatError unless /packet_ids (when the file has it) holds a link for every
