@@ -8,6 +8,49 @@
 
 namespace kv {
 
+namespace {
+
+// to.copy_(from) for rows the cache takes on the host, [heads, tokens, dim] of one dtype with
+// their dims' elements next to each other: row by row with memcpy. libtorch's copy_ costs a few
+// microseconds of dispatch and TensorIterator per call, and a decoding step makes two per layer
+// (a twentieth of the demo model's step). False, copying nothing, where copy_ must do it: other
+// devices, dtypes or layouts, overlapping memory, or a source autograd records.
+bool copy_rows_on_host(const torch::Tensor& to, const torch::Tensor& from) {
+    if (!to.device().is_cpu() || !from.device().is_cpu() || to.dim() != 3 || from.dim() != 3 ||
+        to.scalar_type() != from.scalar_type() || to.sizes() != from.sizes() || to.stride(2) != 1 ||
+        from.stride(2) != 1 || to.is_conj() || from.is_conj() || to.is_neg() || from.is_neg())
+        return false;
+    if (from.requires_grad() && at::GradMode::is_enabled()) return false;
+    const int64_t heads = from.size(0), tokens = from.size(1), dim = from.size(2);
+    if (heads == 0 || tokens == 0 || dim == 0) return true;
+    const auto element = static_cast<int64_t>(from.element_size());
+    auto* target = static_cast<char*>(to.data_ptr());
+    const auto* source = static_cast<const char*>(from.data_ptr());
+    auto extent = [&](const torch::Tensor& t) {
+        return ((heads - 1) * t.stride(0) + (tokens - 1) * t.stride(1) + dim) * element;
+    };
+    if (target < source + extent(from) && source < target + extent(to)) return false;
+    const auto row_bytes = static_cast<std::size_t>(dim * element);
+    for (int64_t head = 0; head < heads; ++head) {
+        char* to_head = target + head * to.stride(0) * element;
+        const char* from_head = source + head * from.stride(0) * element;
+        if (to.stride(1) == dim && from.stride(1) == dim) {
+            std::memcpy(to_head, from_head, static_cast<std::size_t>(tokens) * row_bytes);
+            continue;
+        }
+        for (int64_t token = 0; token < tokens; ++token)
+            std::memcpy(to_head + token * to.stride(1) * element,
+                        from_head + token * from.stride(1) * element, row_bytes);
+    }
+    return true;
+}
+
+void write_rows(const torch::Tensor& to, const torch::Tensor& from) {
+    if (!copy_rows_on_host(to, from)) to.copy_(from);
+}
+
+}  // namespace
+
 KvCache::KvCache(int64_t num_layers, int64_t kv_heads, int64_t head_dim, torch::ScalarType dtype,
                  torch::Device device, int64_t capacity)
     : kv_heads_(kv_heads),
@@ -246,8 +289,8 @@ void KvCache::write(int64_t layer, const torch::Tensor& keys, const torch::Tenso
     if (keys.size(1) != pending_ || values.size(1) != pending_)
         throw Error("kv cache: write of " + std::to_string(keys.size(1)) + " tokens, " +
                     std::to_string(pending_) + " pending");
-    keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_).copy_(keys);
-    values_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_).copy_(values);
+    write_rows(keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_), keys);
+    write_rows(values_.at(static_cast<std::size_t>(layer)).narrow(1, length_, pending_), values);
     if (!valid_.empty())
         valid_[static_cast<std::size_t>(layer)].narrow(1, length_, pending_).fill_(true);
 }
@@ -258,8 +301,9 @@ void KvCache::write_part(int64_t layer, int64_t first, const torch::Tensor& keys
     if (first < 0 || count != values.size(1) || first + count > pending_)
         throw Error("kv cache: write of pending tokens [" + std::to_string(first) + ", " +
                     std::to_string(first + count) + "), " + std::to_string(pending_) + " pending");
-    keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count).copy_(keys);
-    values_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count).copy_(values);
+    write_rows(keys_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count), keys);
+    write_rows(values_.at(static_cast<std::size_t>(layer)).narrow(1, length_ + first, count),
+               values);
     if (!valid_.empty())
         valid_[static_cast<std::size_t>(layer)].narrow(1, length_ + first, count).fill_(true);
 }

@@ -145,6 +145,40 @@ TEST_CASE("BOS's kept rows are the rows the model gives BOS, bit for bit", "[pac
     }
 }
 
+TEST_CASE("the cache takes written rows as libtorch's copy would, from any layout", "[packets]") {
+    // Host rows go in by memcpy; other layouts, dtypes and autograd's sources through copy_.
+    torch::NoGradGuard no_grad;
+    for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+        const int64_t heads = 3, dim = 8;
+        KvCache cache(1, heads, dim, dtype, torch::kCPU, 4);
+        std::vector<torch::Tensor> keys, values;
+        auto write = [&](const torch::Tensor& k, const torch::Tensor& v) {
+            const int64_t tokens = k.size(1);
+            cache.begin_append(torch::arange(cache.next_position(), cache.next_position() + tokens,
+                                             torch::kInt64));
+            cache.write(0, k, v);
+            cache.commit();
+            keys.push_back(k.to(dtype));
+            values.push_back(v.to(dtype));
+        };
+        torch::manual_seed(5);
+        // Contiguous [H, T, D]; a decoding step's view of [T, H, D]; a prefill's; another dtype
+        // (converted by copy_); rows with a gap between them; one token. The cache grows past 4.
+        write(torch::randn({heads, 2, dim}).to(dtype), torch::randn({heads, 2, dim}).to(dtype));
+        write(torch::randn({1, heads, dim}).to(dtype).transpose(0, 1),
+              torch::randn({1, heads, dim}).to(dtype).transpose(0, 1));
+        write(torch::randn({5, heads, dim}).to(dtype).transpose(0, 1),
+              torch::randn({5, heads, dim}).to(dtype).transpose(0, 1));
+        write(torch::randn({heads, 3, dim}, torch::kFloat64), torch::randn({heads, 3, dim}));
+        write(torch::randn({heads, 4, 2 * dim}).to(dtype).narrow(2, 0, dim),
+              torch::randn({heads, 4, dim + 1}).to(dtype).narrow(2, 1, dim));
+        write(torch::randn({heads, 1, dim}).to(dtype), torch::randn({heads, 1, dim}).to(dtype));
+        CHECK(cache.length() == 16);
+        CHECK(torch::equal(cache.keys(0), torch::cat(keys, 1)));
+        CHECK(torch::equal(cache.values(0), torch::cat(values, 1)));
+    }
+}
+
 TEST_CASE("a compressed packet keeps its logical length when packed", "[packets]") {
     auto model = Model::from_weights(
         testing::make_random_model(testing::small_config("llama2.c"), 5).weights, torch::kFloat32,
