@@ -629,7 +629,7 @@ TEST_CASE("a packet is found by its link in /packet_ids, without reading the dir
     CHECK_NOTHROW(older.check_packet_ids());
 }
 
-TEST_CASE("many lookups read the directory once; a bad one leaves them to the links",
+TEST_CASE("many lookups read the directory once, and a bad one leaves them to the links",
           "[cache_file]") {
     kv::test::TempDir dir;
     const kv::CacheModelInfo model = test_model();
