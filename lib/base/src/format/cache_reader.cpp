@@ -50,14 +50,14 @@ struct CacheReader::State {
     std::vector<PacketInfo> packets;
     std::unordered_map<std::string, std::size_t> by_id;
     std::unordered_map<std::string, std::pair<PacketInfo, std::size_t>> found;
-    // Lookups through /packet_ids so far, and whether reading the directory whole failed
-    // (then the lookups go on one by one, each entry checked as it is found).
-    std::size_t links_followed = 0;
-    bool directory_unreadable = false;
     // Guards the three above (written under HDF5's lock as well): an entry found before is
     // looked up without HDF5's lock, which another thread's read may hold for a millisecond
     // (kvserve-once --requests reads the next request's packets ahead).
     mutable std::mutex directory_mutex;
+    // Under HDF5's lock: lookups through /packet_ids so far, and whether reading the directory
+    // whole failed (then the lookups go on one by one, each entry checked as it is found).
+    std::size_t links_followed = 0;
+    bool directory_unreadable = false;
     // The index's datasets, kept open for the entries read one at a time, and /packet_ids.
     struct IndexDatasets {
         Handle group, id, text_sha256, adapter_fingerprint, logical_length, stored_length,

@@ -72,12 +72,18 @@ SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& stor
                                   const std::string& id) {
     SourcedPacket sourced;
     const Key key{store.get(), id};
-    std::unique_lock lock(mutex_);
-    if (const auto found = entries_.find(key); found != entries_.end()) {
-        recent_.splice(recent_.begin(), recent_, found->second);  // now the most recent
-        ++stats_.hits;
+    // The kept packet of `key`, now the most recent, into `sourced`; false where none is kept.
+    auto take_kept = [&] {
+        const auto found = entries_.find(key);
+        if (found == entries_.end()) return false;
+        recent_.splice(recent_.begin(), recent_, found->second);
         sourced.packet = found->second->packet;
         sourced.kept = true;
+        return true;
+    };
+    std::unique_lock lock(mutex_);
+    if (take_kept()) {
+        ++stats_.hits;
         sourced.from_memory = true;
         return sourced;
     }
@@ -92,13 +98,8 @@ SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& stor
     lock.lock();
     ++stats_.misses;
     stats_.bytes_read += sourced.bytes_read;
-    if (const auto found = entries_.find(key); found != entries_.end()) {
-        // Another thread read it too, meanwhile: both reads count, the one kept serves.
-        recent_.splice(recent_.begin(), recent_, found->second);
-        sourced.packet = found->second->packet;
-        sourced.kept = true;
-        return sourced;
-    }
+    // Another thread read it too, meanwhile: both reads count, the one kept serves.
+    if (take_kept()) return sourced;
     const int64_t bytes = packet_memory(packet);
     if (bytes > capacity_) return sourced;  // handed out, not kept
     while (stats_.kept_bytes + bytes > capacity_) {

@@ -126,17 +126,25 @@ int host_mean_lanes(int64_t width) {
     return lanes;
 }
 
+// host_mean_lanes for widths rms_norm may take in one loop, 0 for the others.
+int one_loop_lanes(int64_t width) {
+    return width >= host_mean_min_width && width <= host_mean_max_width ? host_mean_lanes(width)
+                                                                        : 0;
+}
+
+struct RmsSquares {};  // kernel_scratch tag
+
 template <typename Element>
 void rms_norm_rows(const Element* in, const Element* weight, Element* out, int64_t count,
                    int64_t width, float epsilon, int lanes) {
-    std::vector<float> squares(static_cast<std::size_t>(width));
+    float* squares = kernel_scratch<RmsSquares>(width);
     for (int64_t r = 0; r < count; ++r, in += width, out += width) {
         for (int64_t i = 0; i < width; ++i) {
             const float value = static_cast<float>(in[i]);
-            squares[static_cast<std::size_t>(i)] = value * value;
+            squares[i] = value * value;
         }
-        const float mean = lanes == 16 ? mean_of_squares<16>(squares.data(), width)
-                                       : mean_of_squares<8>(squares.data(), width);
+        const float mean =
+            lanes == 16 ? mean_of_squares<16>(squares, width) : mean_of_squares<8>(squares, width);
         const float inverse = 1.0f / std::sqrt(mean + epsilon);
         for (int64_t i = 0; i < width; ++i) {
             if constexpr (std::is_same_v<Element, float>) {
@@ -152,8 +160,7 @@ void rms_norm_rows(const Element* in, const Element* weight, Element* out, int64
 }  // namespace
 
 bool rms_norm_in_one_loop(int64_t width) {
-    return width >= host_mean_min_width && width <= host_mean_max_width &&
-           host_mean_lanes(width) != 0;
+    return one_loop_lanes(width) != 0;
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -163,10 +170,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     // without autograd, one loop does all of it: the five operations and their tensors, ~1 us
     // each at a decoding step's sizes, nine norms a step, were a sixth of the demo model's step.
     const int64_t width = x.dim() > 0 ? x.size(-1) : 0;
-    const int lanes = rms_scaling_on_host(x, weight) && width >= host_mean_min_width &&
-                              width <= host_mean_max_width
-                          ? host_mean_lanes(width)
-                          : 0;
+    const int lanes = rms_scaling_on_host(x, weight) ? one_loop_lanes(width) : 0;
     if (lanes != 0) {
         const torch::Tensor rows = x.contiguous();
         torch::Tensor out = torch::empty(x.sizes(), rows.options());
