@@ -185,6 +185,36 @@ TEST_CASE("linear's own kernels give bf16 tokens the bits of libtorch's conversi
     }
 }
 
+TEST_CASE("gemv over many rows gives each row the bits of that row alone, near float64",
+          "[ops][gemv]") {
+    // Rows go through the kernel 4 at a time, the rest one by one, split between threads in
+    // chunks: every row must come out as a one-row call gives it.
+    for (int64_t columns : {32, 96, 256, 640, 2048, 40}) {
+        for (int64_t rows : {1, 3, 16, 17, 35, 64, 1030}) {
+            INFO(rows << " rows of " << columns << " columns");
+            const torch::Tensor weight =
+                (random_tensor({rows, columns}, static_cast<uint64_t>(rows * 7 + columns)) * 0.1)
+                    .to(torch::kBFloat16);
+            const torch::Tensor x = random_tensor({columns}, static_cast<uint64_t>(columns));
+            const auto* w = static_cast<const uint16_t*>(weight.data_ptr());
+            std::vector<float> all(static_cast<std::size_t>(rows)), one(all.size());
+            kv::gemv_bf16(w, x.data_ptr<float>(), all.data(), rows, columns);
+            for (int64_t r = 0; r < rows; ++r)
+                kv::gemv_bf16(w + r * columns, x.data_ptr<float>(),
+                              &one[static_cast<std::size_t>(r)], 1, columns);
+            CHECK(std::memcmp(all.data(), one.data(), all.size() * sizeof(float)) == 0);
+            // The float64 reference of the products of the bf16 weights and x as the kernel
+            // rounds it (with AVX512-BF16) or as it is (without): within float32's sums.
+            const torch::Tensor x_used = kv::gemm_few_bf16_fits(1, 32)
+                                             ? x.to(torch::kBFloat16).to(torch::kFloat64)
+                                             : x.to(torch::kFloat64);
+            const torch::Tensor reference = torch::mv(weight.to(torch::kFloat64), x_used);
+            const torch::Tensor got = torch::from_blob(all.data(), {rows}, torch::kFloat32);
+            CHECK(torch::allclose(got.to(torch::kFloat64), reference, 1e-4, 1e-4));
+        }
+    }
+}
+
 TEST_CASE("rms_norm's host loop gives the bits of libtorch's operations", "[ops]") {
     torch::NoGradGuard no_gradients;
     // A decoding step's row, a prefill's rows, a transposed view; values over a wide range.
