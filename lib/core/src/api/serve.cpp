@@ -223,6 +223,7 @@ void Session::assemble_packets() {
         cache_->reserve(planned);
     } else {
         cache_.emplace(model_.new_cache(planned));
+        if (!options_.caches.empty()) cache_->fault_in();
     }
     if (kept_) kept_->cache.reset();  // one not reused goes
     KvCache& cache = *cache_;

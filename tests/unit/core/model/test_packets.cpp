@@ -11,7 +11,13 @@
 #include "random_model.hpp"
 #include "test_support.hpp"
 
+#include <ATen/Parallel.h>
 #include <catch2/catch.hpp>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 using namespace kv;
 
@@ -176,6 +182,47 @@ TEST_CASE("the cache takes written rows as libtorch's copy would, from any layou
         CHECK(cache.length() == 16);
         CHECK(torch::equal(cache.keys(0), torch::cat(keys, 1)));
         CHECK(torch::equal(cache.values(0), torch::cat(values, 1)));
+    }
+}
+
+TEST_CASE(
+    "an empty cache's pages are faulted in on every thread, a cache with tokens is left alone",
+    "[packets]") {
+    torch::NoGradGuard no_grad;
+    const int64_t layers = 2, heads = 2, dim = 64, capacity = 20000;  // 2.4 MiB a tensor in f32
+    KvCache cache(layers, heads, dim, torch::kFloat32, torch::kCPU, capacity);
+    // Which of a tensor's 4 KiB pages are in memory (mincore).
+    auto resident_pages = [](const torch::Tensor& tensor) {
+        const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+        const auto begin = reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) & ~(page - 1);
+        const auto end = reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) +
+                         static_cast<std::uintptr_t>(tensor.nbytes());
+        std::vector<unsigned char> in_memory((end - begin + page - 1) / page);
+        REQUIRE(mincore(reinterpret_cast<void*>(begin), end - begin, in_memory.data()) == 0);
+        return static_cast<std::size_t>(std::count_if(in_memory.begin(), in_memory.end(),
+                                                      [](unsigned char v) { return v & 1; }));
+    };
+    const int64_t threads = at::get_num_threads();
+    at::set_num_threads(2);
+    cache.fault_in();
+    at::set_num_threads(static_cast<int>(threads));
+    const torch::Tensor whole_keys =
+        cache.keys(0).as_strided({heads, capacity, dim}, {capacity * dim, dim, 1});
+    const auto pages = static_cast<std::size_t>((whole_keys.nbytes() + 4095) / 4096);
+    CHECK(resident_pages(whole_keys) >= pages);
+
+    // Rows written after it are the rows read back; fault_in on a cache holding them is a no-op.
+    torch::manual_seed(3);
+    const torch::Tensor keys = torch::randn({heads, 5, dim}),
+                        values = torch::randn({heads, 5, dim});
+    cache.begin_append(torch::arange(0, 5, torch::kInt64));
+    for (int64_t layer = 0; layer < layers; ++layer)
+        cache.write(layer, keys, values);
+    cache.commit();
+    cache.fault_in();
+    for (int64_t layer = 0; layer < layers; ++layer) {
+        CHECK(torch::equal(cache.keys(layer), keys));
+        CHECK(torch::equal(cache.values(layer), values));
     }
 }
 

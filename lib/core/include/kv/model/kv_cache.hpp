@@ -115,6 +115,12 @@ class KvCache {
     /// Empties the cache for another sequence and keeps its memory (capacity, pages already
     /// faulted in): a --requests job's next question starts from the last one's cache.
     void clear();
+    /// Faults in every page of an empty cache in host memory, on every compute thread (a no-op
+    /// for one that holds tokens or is offloaded). The kernel zeroes fresh memory at its first
+    /// touch: a cache about to be filled by a read would otherwise have the first huge page of
+    /// every plane faulted in by one thread (BOS's row goes in first) and the rest inside the
+    /// read's copies out of the page cache, both slower than this.
+    void fault_in();
     /// Tokens the cache holds room for without growing.
     int64_t capacity() const { return capacity_; }
 
