@@ -84,6 +84,33 @@ void advise_huge_pages(void* data, std::size_t bytes) {
 
 namespace {
 
+// MADV_POPULATE_WRITE, which glibc's headers name from 2.35 on (Debian 12 has 2.36; the value
+// is the kernel's).
+#ifdef MADV_POPULATE_WRITE
+constexpr int populate_write = MADV_POPULATE_WRITE;
+#else
+constexpr int populate_write = 23;
+#endif
+
+}  // namespace
+
+void populate_for_writing(void* data, std::size_t bytes) {
+    if (data == nullptr || bytes == 0) return;
+    const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
+    const std::uintptr_t first = begin & ~(page - 1);
+    const std::uintptr_t last = (begin + bytes + page - 1) & ~(page - 1);
+    if (madvise(reinterpret_cast<void*>(first), last - first, populate_write) == 0) return;
+    // An older kernel: the first byte of every page in the range, read and written back.
+    auto* bytes_of = static_cast<volatile std::byte*>(data);
+    for (std::uintptr_t at = begin; at < begin + bytes; at = (at & ~(page - 1)) + page) {
+        volatile std::byte& byte = bytes_of[at - begin];
+        byte = byte;
+    }
+}
+
+namespace {
+
 #if defined(MADV_HUGEPAGE) && defined(__GLIBC__)
 // Where the program break's heap begins ([heap] in /proc/self/maps), 0 where that cannot be read.
 std::uintptr_t main_heap_start() {

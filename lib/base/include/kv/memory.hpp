@@ -21,6 +21,13 @@ inline constexpr std::size_t huge_page_worthy_bytes = std::size_t{4} << 20;
 /// it is touched. A hint: does nothing for small ranges or where the kernel declines.
 void advise_huge_pages(void* data, std::size_t bytes);
 
+/// Faults in the pages of [data, data + bytes) as a write to each would, keeping what they hold:
+/// one MADV_POPULATE_WRITE (Linux 5.14 on) over the whole pages around the range, else a byte of
+/// each page read and written back. Fresh memory is zeroed by the kernel at its first touch: a
+/// buffer about to be filled by a copy or a read is faulted in first by every thread, a part
+/// each, so that neither the zeroing nor its stalls fall on one thread.
+void populate_for_writing(void* data, std::size_t bytes);
+
 /// For a process that keeps allocating buffers too small to advise one by one and keeps them
 /// (kvserve-once --requests' packets, a few hundred KiB each, kept in memory): asks for huge
 /// pages over the part of the main heap grown since the last call, and has it grow and stay in

@@ -247,8 +247,8 @@ void KvCache::reserve(int64_t capacity) {
 void KvCache::fault_in() {
     if (arena_ || !device_.is_cpu() || visible() > 0) return;
     // Pieces of 2 MiB (a huge page where the memory is advised for them), taken by the threads
-    // in turn; one write per 4 KiB page faults it in (a read would map the shared zero page).
-    constexpr std::size_t piece = std::size_t{2} << 20, page = 4096;
+    // in turn.
+    constexpr std::size_t piece = std::size_t{2} << 20;
     std::vector<std::span<std::byte>> pieces;
     for (const auto* tensors : {&keys_, &values_})
         for (const torch::Tensor& tensor : *tensors) {
@@ -258,11 +258,9 @@ void KvCache::fault_in() {
                 pieces.emplace_back(data + at, std::min(piece, bytes - at));
         }
     at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t first, int64_t last) {
-        for (int64_t i = first; i < last; ++i) {
-            const std::span<std::byte> region = pieces[static_cast<std::size_t>(i)];
-            for (std::size_t at = 0; at < region.size(); at += page)
-                *static_cast<volatile std::byte*>(region.data() + at) = std::byte{0};
-        }
+        for (int64_t i = first; i < last; ++i)
+            populate_for_writing(pieces[static_cast<std::size_t>(i)].data(),
+                                 pieces[static_cast<std::size_t>(i)].size());
     });
 }
 

@@ -43,13 +43,6 @@ class Arena {
 // enough that the two threads of a 2-core machine finish together.
 constexpr std::size_t piece_bytes = std::size_t{4} << 20;
 constexpr std::size_t alignment = 64;
-// MADV_POPULATE_WRITE, which glibc's headers name from 2.35 on (Debian 12 has 2.36; the value
-// is the kernel's).
-#ifdef MADV_POPULATE_WRITE
-constexpr int populate_write = MADV_POPULATE_WRITE;
-#else
-constexpr int populate_write = 23;
-#endif
 
 }  // namespace
 
@@ -91,16 +84,14 @@ void copy_weights_to_arena(WeightMap& weights, torch::ScalarType dtype) {
             pieces.push_back(
                 {to + done, from + done, std::min(piece_bytes, source.nbytes() - done)});
     }
-    // The arena's pages first, on every thread, each piece with one call (Linux 5.14's
-    // MADV_POPULATE_WRITE; older kernels refuse it and the copy faults them in instead): a
-    // 2.5 GB model's 4 KiB faults one by one were most of its load, and huge pages faulted in
-    // by the copy each stalled it while the kernel zeroed (or first compacted) 2 MiB.
+    // The arena's pages first, on every thread (populate_for_writing): a 2.5 GB model's 4 KiB
+    // faults one by one were most of its load, and huge pages faulted in by the copy each
+    // stalled it while the kernel zeroed (or first compacted) 2 MiB.
     const int64_t arena_pieces = static_cast<int64_t>((total + piece_bytes - 1) / piece_bytes);
     at::parallel_for(0, arena_pieces, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
             const std::size_t offset = static_cast<std::size_t>(i) * piece_bytes;
-            (void)::madvise(arena->data() + offset, std::min(piece_bytes, total - offset),
-                            populate_write);
+            populate_for_writing(arena->data() + offset, std::min(piece_bytes, total - offset));
         }
     });
     at::parallel_for(0, static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end) {
