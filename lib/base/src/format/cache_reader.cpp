@@ -760,6 +760,13 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
             read_tensor_directly(dataset.get(), s.raw, cache_dtype_size(m.dtype), dims, target,
                                  s.threads))
             return;
+        // Read by HDF5: every plane has landed when it returns.
+        auto report_landed = [&] {
+            if (!target.landed) return;
+            for (hsize_t layer = 0; layer < dims[0]; ++layer)
+                for (hsize_t head = 0; head < dims[1]; ++head)
+                    target.landed(layer, head, 0, tokens);
+        };
         const std::size_t plane_bytes = static_cast<std::size_t>(tokens) * row_bytes;
         bool contiguous = target.head_stride == plane_bytes;
         for (std::size_t layer = 1; contiguous && layer < target.layers.size(); ++layer)
@@ -768,6 +775,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
             if (read_dataset(dataset.get(), memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT,
                              target.layers[0]) < 0)
                 in.fail_hdf5("cannot read " + kv::quoted(name));
+            report_landed();
             return;
         }
         // A layer at a time into its planes, `head_stride` apart: a memory dataspace of heads
@@ -791,6 +799,7 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                              H5P_DEFAULT, target.layers[layer]) < 0)
                 in.fail_hdf5("cannot read " + kv::quoted(name));
         }
+        report_landed();
     };
     auto read_tensor_to = [&](hid_t parent, const std::string& name, hsize_t tokens,
                               const PlaneTargets& target) {
@@ -852,6 +861,9 @@ Packet CacheReader::read_packet(const std::string& id, bool with_tensors,
                                h = static_cast<std::size_t>(head);
                     std::memcpy(into->first.plane(l, h), packet.keys.data() + at, plane_bytes);
                     std::memcpy(into->second.plane(l, h), packet.values.data() + at, plane_bytes);
+                    const auto rows = static_cast<std::size_t>(info.stored_length);
+                    if (into->first.landed) into->first.landed(l, h, 0, rows);
+                    if (into->second.landed) into->second.landed(l, h, 0, rows);
                 }
             packet.keys = {};
             packet.values = {};

@@ -305,6 +305,7 @@ struct Chunk {
     unsigned mask = 0;
     std::byte* target = nullptr;  // where its first row goes
     std::size_t rows = 0;  // rows of the tensor it holds (fewer than T at the end of a plane)
+    std::size_t plane = 0, first = 0;  // which rows: plane (layer * heads + head), first row
 };
 
 // Reads `bytes` at `at` into `out` in pieces that Fletcher32 sums while they are in the cache.
@@ -345,14 +346,19 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
         const std::size_t piece =
             std::max<std::size_t>(1, (std::size_t{4} << 20) / row_bytes) * row_bytes;
         const std::size_t per_plane = (plane_bytes + piece - 1) / piece;
-        return run_parallel(
-            planes * per_plane, threads_for(total, threads, bytes_per_thread),
-            [&](int, std::size_t item) {
-                const std::size_t plane = item / per_plane, at = item % per_plane * piece;
-                return raw.read(address + plane * plane_bytes + at,
-                                std::min(piece, plane_bytes - at),
-                                target.plane(plane / dims[1], plane % dims[1]) + at);
-            });
+        return run_parallel(planes * per_plane, threads_for(total, threads, bytes_per_thread),
+                            [&](int, std::size_t item) {
+                                const std::size_t plane = item / per_plane,
+                                                  at = item % per_plane * piece;
+                                const std::size_t bytes = std::min(piece, plane_bytes - at);
+                                if (!raw.read(address + plane * plane_bytes + at, bytes,
+                                              target.plane(plane / dims[1], plane % dims[1]) + at))
+                                    return false;
+                                if (target.landed)
+                                    target.landed(plane / dims[1], plane % dims[1], at / row_bytes,
+                                                  bytes / row_bytes);
+                                return true;
+                            });
     }
 
     // Chunked [1, 1, T, D]: where each chunk is and which filters it went through.
@@ -395,6 +401,8 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
             chunk.target =
                 target.plane(plane / dims[1], plane % dims[1]) + c * chunk_tokens * row_bytes;
             chunk.rows = std::min(chunk_tokens, length - c * chunk_tokens);
+            chunk.plane = plane;
+            chunk.first = c * chunk_tokens;
         }
 
     threads = threads_for(total, threads, bytes_per_thread);
@@ -409,9 +417,8 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
         }
     } give_back{workers};
     const std::vector<std::string>& filters = storage.filters;
-    return run_parallel(chunks.size(), threads, [&](int index, std::size_t item) {
-        Worker& worker = *workers[static_cast<std::size_t>(index)];
-        const Chunk& chunk = chunks[item];
+    // One chunk into its place; false where it is not as it should be.
+    auto read_chunk = [&](Worker& worker, const Chunk& chunk) {
         bool shuffled = false, compressed = false, summed = false;
         for (std::size_t i = 0; i < filters.size(); ++i) {
             if (chunk.mask & (1u << i)) continue;  // skipped for this chunk
@@ -465,6 +472,13 @@ bool read_tensor_directly(hid_t dataset, const RawSource& raw, std::size_t eleme
                       out);
         else
             std::memcpy(out, plain, out_bytes);
+        return true;
+    };
+    return run_parallel(chunks.size(), threads, [&](int index, std::size_t item) {
+        const Chunk& chunk = chunks[item];
+        if (!read_chunk(*workers[static_cast<std::size_t>(index)], chunk)) return false;
+        if (target.landed)
+            target.landed(chunk.plane / dims[1], chunk.plane % dims[1], chunk.first, chunk.rows);
         return true;
     });
 }

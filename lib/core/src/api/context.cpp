@@ -70,13 +70,15 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             }
             read_start = Clock::now();
             SourcedPacket sourced;
+            int64_t turned_by = 0;  // in place: the keys were turned by this as they were read
             if (by_plane) {
                 sourced.packet =
                     std::make_shared<Packet>(reader.read_without_tensors_or_layouts(info.id));
             } else if (in_place) {
                 cache.reserve(cache.length() + info.stored_length + reserve_extra);
-                sourced.packet =
-                    std::make_shared<Packet>(read_packet_into_cache(reader, info.id, cache));
+                turned_by = cache.next_position();
+                sourced.packet = std::make_shared<Packet>(
+                    read_packet_into_cache(model.rope(), reader, info.id, cache));
                 sourced.bytes_read = packet_tensor_bytes(reader.model(), info.stored_length);
             } else {
                 sourced = packets.packet(shared_reader, info.id);
@@ -138,7 +140,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             } else {
                 const auto append_start = Clock::now();
                 if (in_place)
-                    append_packet_in_place(model.rope(), cache, packet);
+                    append_packet_in_place(cache, packet, turned_by);
                 else
                     append_packet(model.rope(), cache, packet, reader.model().dtype);
                 assembled.append_seconds += since(append_start);

@@ -12,8 +12,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 
 // HDF5's own checksum (exported by libhdf5, declared in its private headers).
@@ -220,7 +223,7 @@ TEST_CASE("read_into planes further apart than the packet's: each plane's rows i
     // A decoder's cache: every head has room for more tokens than the packet brings, and the
     // packet goes after rows it already holds. Files read directly (zstd, uncompressed, chunks
     // of both shapes) and through HDF5 (gzip, big-endian: a hyperslab per layer), quantised
-    // (dequantised, then copied), each against read().
+    // (dequantised, then copied), each against read(); each piece reported as it lands.
     const std::filesystem::path good = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache" / "good";
     for (const char* name :
          {"0002_f32_zstd.kvc", "0003_bf16.kvc", "0004_f16.kvc", "0007_gzip_big_endian_earliest.kvc",
@@ -246,7 +249,30 @@ TEST_CASE("read_into planes further apart than the packet's: each plane's rows i
                 value_planes.layers.push_back(values.data() +
                                               (layer * heads * room + before) * row);
             }
+            // Every row reported landed once, holding its bytes by then.
+            std::mutex mutex;
+            std::vector<int> reported(2 * layers * heads * tokens);
+            std::size_t wrong_when_reported = 0;
+            for (const bool is_keys : {true, false}) {
+                kv::PlaneTargets& planes = is_keys ? key_planes : value_planes;
+                const std::vector<std::byte>& expected = is_keys ? whole.keys : whole.values;
+                planes.landed = [&, is_keys](std::size_t layer, std::size_t head, std::size_t first,
+                                             std::size_t rows) {
+                    const std::lock_guard lock(mutex);
+                    const std::size_t plane = layer * heads + head;
+                    for (std::size_t r = first; r < first + rows && r < tokens; ++r)
+                        ++reported[(is_keys ? 0 : layers * heads * tokens) + plane * tokens + r];
+                    if (first + rows > tokens ||
+                        std::memcmp(planes.plane(layer, head) + first * row,
+                                    expected.data() + (plane * tokens + first) * row,
+                                    rows * row) != 0)
+                        ++wrong_when_reported;
+                };
+            }
             const kv::Packet rest = reader.read_into(info.id, key_planes, value_planes);
+            CHECK(wrong_when_reported == 0);
+            CHECK(std::count(reported.begin(), reported.end(), 1) ==
+                  static_cast<std::ptrdiff_t>(reported.size()));
             CHECK(rest.keys.empty());
             CHECK(rest.positions == whole.positions);
             CHECK(rest.token_ids == whole.token_ids);

@@ -528,37 +528,55 @@ TEST_CASE("packets read straight into a cache's rows hold what append_packet put
                 *tensor = std::vector<std::byte>(bytes, bytes + values.nbytes());
             }
         packets[1].logical_length = 50;  // a compressed packet keeps its gap
-        const auto path = dir.path() / (std::string(cache_dtype_name(dtype)) + ".kvc");
-        test::write_store(path, info, packets);
-        const CacheReader reader(path);
-        KvCache copied(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU, 16);
-        KvCache in_place(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU,
-                         16);
-        for (KvCache* cache : {&copied, &in_place}) {  // one token held before the packets
-            const torch::Tensor row = torch::ones({info.num_kv_heads, 1, info.head_dim}, scalar);
-            std::vector<torch::Tensor> keys(static_cast<std::size_t>(info.num_layers), row);
-            cache->append(keys, keys, torch::zeros({1}, torch::kInt64));
+        // The keys turn chunk by chunk as they land: whole planes in one chunk, chunks of 64
+        // tokens (the last of a plane shorter), compressed or not.
+        for (const auto& [chunk_tokens, zstd_level] :
+             {std::pair<int64_t, int>{0, 3}, {64, 3}, {64, 0}}) {
+            CAPTURE(chunk_tokens, zstd_level);
+            CacheWriteOptions options;
+            options.chunk_tokens = chunk_tokens;
+            options.zstd_level = zstd_level;
+            const auto path = dir.path() / (std::string(cache_dtype_name(dtype)) + ".kvc");
+            std::filesystem::remove(path);
+            test::write_store(path, info, packets, options);
+            const CacheReader reader(path);
+            KvCache copied(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU,
+                           16);
+            KvCache in_place(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU,
+                             16);
+            for (KvCache* cache : {&copied, &in_place}) {  // one token held before the packets
+                const torch::Tensor row =
+                    torch::ones({info.num_kv_heads, 1, info.head_dim}, scalar);
+                std::vector<torch::Tensor> keys(static_cast<std::size_t>(info.num_layers), row);
+                cache->append(keys, keys, torch::zeros({1}, torch::kInt64));
+            }
+            for (const PacketInfo& packet : reader.packets()) {
+                append_packet(rope, copied, reader.read(packet.id), dtype);
+                REQUIRE(can_read_into_cache(reader, packet.id, in_place));
+                const int64_t length = in_place.length();
+                const int64_t turned_by = in_place.next_position();
+                const Packet read = read_packet_into_cache(rope, reader, packet.id, in_place);
+                CHECK(in_place.length() == length);  // not part of it yet
+                CHECK(read.keys.empty());
+                append_packet_in_place(in_place, read, turned_by);
+            }
+            CHECK(in_place.length() == copied.length());
+            CHECK(in_place.next_position() == copied.next_position());
+            CHECK(torch::equal(in_place.positions(), copied.positions()));
+            for (int64_t layer = 0; layer < info.num_layers; ++layer) {
+                CHECK(torch::equal(in_place.keys(layer), copied.keys(layer)));
+                CHECK(torch::equal(in_place.values(layer), copied.values(layer)));
+            }
+            // A cache of another dtype converts, so it takes the copying path.
+            const KvCache other(info.num_layers, info.num_kv_heads, info.head_dim,
+                                dtype == CacheDtype::bf16 ? torch::kFloat32 : torch::kBFloat16,
+                                torch::kCPU);
+            CHECK_FALSE(can_read_into_cache(reader, "a", other));
+            // Appended at another position than the keys were turned for: refused.
+            KvCache moved(info.num_layers, info.num_kv_heads, info.head_dim, scalar, torch::kCPU,
+                          16);
+            const Packet read = read_packet_into_cache(rope, reader, "b", moved);
+            CHECK_THROWS_AS(append_packet_in_place(moved, read, 3), Error);
         }
-        for (const PacketInfo& packet : reader.packets()) {
-            append_packet(rope, copied, reader.read(packet.id), dtype);
-            REQUIRE(can_read_into_cache(reader, packet.id, in_place));
-            const int64_t length = in_place.length();
-            const Packet read = read_packet_into_cache(reader, packet.id, in_place);
-            CHECK(in_place.length() == length);  // not part of it yet
-            CHECK(read.keys.empty());
-            append_packet_in_place(rope, in_place, read);
-        }
-        CHECK(in_place.length() == copied.length());
-        CHECK(in_place.next_position() == copied.next_position());
-        CHECK(torch::equal(in_place.positions(), copied.positions()));
-        for (int64_t layer = 0; layer < info.num_layers; ++layer) {
-            CHECK(torch::equal(in_place.keys(layer), copied.keys(layer)));
-            CHECK(torch::equal(in_place.values(layer), copied.values(layer)));
-        }
-        // A cache of another dtype converts, so it takes the copying path.
-        const KvCache other(info.num_layers, info.num_kv_heads, info.head_dim,
-                            dtype == CacheDtype::bf16 ? torch::kFloat32 : torch::kBFloat16,
-                            torch::kCPU);
-        CHECK_FALSE(can_read_into_cache(reader, "a", other));
     }
 }

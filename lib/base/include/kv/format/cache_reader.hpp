@@ -40,6 +40,14 @@ struct TensorLayout {
 struct PlaneTargets {
     std::vector<std::byte*> layers;
     std::size_t head_stride = 0;  ///< bytes
+    /// When set, called for each piece of rows [first, first + rows) of plane (layer, head)
+    /// once its bytes are in place, while they are still in the processor's cache (a key
+    /// rotation costs a pass over memory of its own after the read): from the reading threads,
+    /// several at once on pieces that never overlap, with the file's lock held (it must not read
+    /// the file). Every row is reported once, unless a read starts over (a chunk not as it should
+    /// be is read again through HDF5): then every row is written again and reported again.
+    std::function<void(std::size_t layer, std::size_t head, std::size_t first, std::size_t rows)>
+        landed;
     std::byte* plane(std::size_t layer, std::size_t head) const {
         return layers[layer] + head * head_stride;
     }

@@ -36,14 +36,16 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
 
 /// Reads packet `id` of `reader` with its keys and values straight into the rows after the end
 /// of `cache` (KvCache::rows_after_end; room for them reserved), which stay outside it until
-/// append_packet_in_place. For a host cache in memory of the file's dtype and a packet that keeps
-/// the same tokens in every head (can_read_into_cache).
-Packet read_packet_into_cache(const CacheReader& reader, const std::string& id, KvCache& cache);
+/// append_packet_in_place; the keys are turned by cache.next_position() as they land. For a
+/// host cache in memory of the file's dtype and a packet that keeps the same tokens in every
+/// head (can_read_into_cache).
+Packet read_packet_into_cache(const Rope& rope, const CacheReader& reader, const std::string& id,
+                              KvCache& cache);
 bool can_read_into_cache(const CacheReader& reader, const std::string& id, const KvCache& cache);
-/// append_packet() for a packet read_packet_into_cache() put after the end of `cache`: its rows
-/// become the cache's, its keys rotated where they are. The same arithmetic as append_packet,
-/// bit for bit.
-void append_packet_in_place(const Rope& rope, KvCache& cache, const Packet& packet);
+/// append_packet() for a packet read_packet_into_cache() put after the end of `cache` with its
+/// keys turned by `turned_by`, cache.next_position() then and now (else Error): its rows become
+/// the cache's. The same arithmetic as append_packet, bit for bit.
+void append_packet_in_place(KvCache& cache, const Packet& packet, int64_t turned_by);
 
 /// append_packet() for a packet read without its tensors (CacheReader::read_without_tensors):
 /// its keys and values come from `reader` one (layer, kv-head) plane at a time, so memory never
