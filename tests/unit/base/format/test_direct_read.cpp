@@ -119,8 +119,9 @@ TEST_CASE("a read starts a thread per 512 KiB of output, within the threads it m
 TEST_CASE("Fletcher32 is HDF5's, whole or in pieces", "[direct_read]") {
     for (std::size_t length :
          {std::size_t{1}, std::size_t{2}, std::size_t{3}, std::size_t{15}, std::size_t{16},
-          std::size_t{17}, std::size_t{719}, std::size_t{720}, std::size_t{721}, std::size_t{1441},
-          std::size_t{4096}, std::size_t{65537}, std::size_t{1} << 20}) {
+          std::size_t{17}, std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{719},
+          std::size_t{720}, std::size_t{721}, std::size_t{1441}, std::size_t{4096},
+          std::size_t{65537}, std::size_t{1} << 20}) {
         const std::vector<std::byte> bytes = random_bytes(length, static_cast<uint32_t>(length));
         const uint32_t expected = H5_checksum_fletcher32(bytes.data(), bytes.size());
         CHECK(kv::format::fletcher32(bytes.data(), bytes.size()) == expected);
