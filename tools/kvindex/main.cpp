@@ -7,6 +7,7 @@ int main(int argc, char** argv) {
     std::string input, output = "-";
     bool json_report = false;
     kv::cli::Verbosity verbosity;
+    CLI::Option* zstd_level = nullptr;
 
     auto configure = [&](CLI::App& app) {
         app.add_option("input", input, "Cache file to index ('-': standard input)")->required();
@@ -50,12 +51,17 @@ int main(int argc, char** argv) {
                      "Keep the index of packets that already have one");
         kv::cli::add_threads_option(app, options.threads);
         kv::cli::add_cache_output_options(app, options.write, json_report);
+        // Unless told, the keys and values stay compressed (or not) as the input's are.
+        zstd_level = app.get_option("--zstd-level");
+        zstd_level->description("zstd level of the stored tensors (0: none; default: the input's)")
+            ->default_str("");
         kv::cli::add_verbosity_options(app, verbosity);
     };
 
     auto body = [&] {
         options.input = input;
         options.output = output;
+        options.zstd_level_of_input = zstd_level->count() == 0;
         options.provenance = kv::cli::provenance("kvindex", argc, argv);
         kv::cli::Reporter reporter("kvindex", verbosity, kv::cli::Summary::when_verbose);
         options.progress = [&](const kv::IndexProgress& progress) {

@@ -981,6 +981,7 @@ TensorLayout CacheReader::tensor_layout() const {
         layout.storage = storage.layout;
         layout.chunk_tokens = storage.chunk_tokens;
         layout.filters = storage.filters;
+        layout.zstd_level = storage.zstd_level;
         break;
     }
     return layout;

@@ -240,6 +240,9 @@ TensorStorage tensor_storage(hid_t dataset) {
             std::size_t value_count = 8;
             const H5Z_filter_t id = H5Pget_filter2(properties, static_cast<unsigned>(i), &flags,
                                                    &value_count, values, 0, nullptr, nullptr);
+            // hdf5plugin records the (possibly negative) level as an unsigned int.
+            if (id == zstd_filter_id)
+                storage.zstd_level = value_count > 0 ? static_cast<int>(values[0]) : 3;
             const int rank = id == H5Z_FILTER_SHUFFLE      ? 0
                              : id == zstd_filter_id        ? 1
                              : id == H5Z_FILTER_FLETCHER32 ? 2

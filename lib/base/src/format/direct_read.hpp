@@ -46,6 +46,7 @@ struct TensorStorage {
     std::string layout;                ///< "contiguous", "chunked", "compact"
     int64_t chunk_tokens = 0;          ///< T of [1, 1, T, D] chunks; 0 for other chunk shapes
     std::vector<std::string> filters;  ///< in pipeline order: "shuffle", "zstd", "fletcher32", ...
+    int zstd_level = 0;                ///< the zstd filter's level as recorded (0 without one)
     bool direct = false;  ///< read_tensor_directly can read it (given the memory type matches)
 };
 /// With the HDF5 lock held.

@@ -8,6 +8,7 @@
 #include "kv/index/dci.hpp"
 #include "kv/output_path.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <optional>
@@ -104,15 +105,26 @@ IndexReport index_cache_file(const IndexOptions& options) {
     std::optional<CacheFileLock> lock;
     if (same_file(options.input, options.output)) {
         if (options.input == "-" || options.output == "-")
-            throw UsageError("standard input and standard output are the same file: write the "
-                             "indexed store to another file");
+            throw UsageError(
+                "standard input and standard output are the same file: write the "
+                "indexed store to another file");
         lock.emplace(options.input);
     }
     const CacheReader reader(options.input);
     const CacheModelInfo& model = reader.model();
     const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
     const std::vector<int64_t> layers = indexed_layers(options, model.num_layers);
-    CacheWriter writer(options.output, model, options.provenance, options.write);
+    CacheWriteOptions write = options.write;
+    if (options.zstd_level_of_input) {
+        const TensorLayout layout = reader.tensor_layout();
+        const bool zstd =
+            std::find(layout.filters.begin(), layout.filters.end(), "zstd") != layout.filters.end();
+        // zstd's level 0 is its default, 3; a negative (fast) one the writer's fastest, 1.
+        write.zstd_level = !zstd                    ? 0
+                           : layout.zstd_level == 0 ? 3
+                                                    : std::clamp(layout.zstd_level, 1, 22);
+    }
+    CacheWriter writer(options.output, model, options.provenance, write);
     if (reader.has_adapter()) writer.set_adapter(reader.read_adapter());  // kept as it is
     IndexReport report;
     report.layers = layers.empty() ? model.num_layers : static_cast<int64_t>(layers.size());

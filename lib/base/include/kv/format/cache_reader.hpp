@@ -31,6 +31,7 @@ struct TensorLayout {
     std::string storage;
     int64_t chunk_tokens = 0;
     std::vector<std::string> filters;
+    int zstd_level = 0;  ///< the zstd filter's level as recorded (0 without zstd)
 };
 
 /// Where CacheReader::read_into puts a packet's keys (or values): the rows of plane (layer,
