@@ -609,7 +609,7 @@ Packet CacheReader::read_into(const std::string& id, std::span<std::byte> keys,
 }
 
 Packet CacheReader::read_into(const std::string& id, const PlaneTargets& keys,
-                              const PlaneTargets& values) const {
+                              const PlaneTargets& values, bool with_layouts) const {
     const CacheModelInfo& m = state_->model;
     if (keys.layers.size() != static_cast<std::size_t>(m.num_layers) ||
         values.layers.size() != keys.layers.size())
@@ -618,7 +618,7 @@ Packet CacheReader::read_into(const std::string& id, const PlaneTargets& keys,
                          std::to_string(values.layers.size()) + " layers, the file has " +
                          std::to_string(m.num_layers));
     const std::pair<PlaneTargets, PlaneTargets> into(keys, values);
-    return read_packet(id, false, nullptr, true, &into);
+    return read_packet(id, false, nullptr, with_layouts, &into);
 }
 
 Packet CacheReader::read_packet(const std::string& id, bool with_tensors,

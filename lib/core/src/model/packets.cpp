@@ -153,7 +153,8 @@ Packet read_packet_into_cache(const Rope& rope, const CacheReader& reader, const
                           std::size_t count) {
             rotate_keys(keys.plane(layer, head) + first * row_bytes, dtype, count, settings, delta);
         };
-    return reader.read_into(id, keys, PlaneTargets{rows.values, rows.head_stride, {}});
+    return reader.read_into(id, keys, PlaneTargets{rows.values, rows.head_stride, {}},
+                            /*with_layouts=*/false);
 }
 
 void append_packet_in_place(KvCache& cache, const Packet& packet, int64_t turned_by) {

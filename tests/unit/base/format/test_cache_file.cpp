@@ -158,6 +158,25 @@ TEST_CASE("index layouts left in the file are read one at a time as read() reads
     REQUIRE(bare.index.segments.size() == 2);
     CHECK(bare.index.segments[1].delta == 120);
     CHECK(bare.positions == whole.positions);
+    // Read into a cache's planes (kvserve-once's in-place read), without its layouts.
+    std::vector<std::byte> keys(whole.keys.size()), values(whole.values.size());
+    const std::size_t plane_bytes =
+        whole.keys.size() / static_cast<std::size_t>(model.num_layers * model.num_kv_heads);
+    kv::PlaneTargets key_planes, value_planes;
+    key_planes.head_stride = value_planes.head_stride = plane_bytes;
+    for (int64_t layer = 0; layer < model.num_layers; ++layer) {
+        const std::size_t at = static_cast<std::size_t>(layer * model.num_kv_heads) * plane_bytes;
+        key_planes.layers.push_back(keys.data() + at);
+        value_planes.layers.push_back(values.data() + at);
+    }
+    const kv::Packet into = reader.read_into("indexed", key_planes, value_planes, false);
+    CHECK(into.index.layouts.empty());
+    CHECK(into.index.segments.size() == 2);
+    CHECK(into.index.projection == whole.index.projection);
+    CHECK(keys == whole.keys);
+    CHECK(values == whole.values);
+    CHECK(reader.read_into("indexed", key_planes, value_planes).index.layouts.size() ==
+          whole.index.layouts.size());
     for (int64_t layer = 0; layer < model.num_layers; ++layer)
         for (int64_t head = 0; head < model.num_kv_heads; ++head)
             for (int64_t segment = 0; segment < 2; ++segment) {

@@ -99,9 +99,11 @@ class CacheReader {
     /// read_into() whose keys and values go to the planes `keys` and `values` name (one layer
     /// pointer per layer of the file, each head's T rows room enough: the caller's word, which
     /// nothing here can check) rather than to contiguous tensors: straight into a decoder's
-    /// cache, beyond the rows it holds, with no copy of the packet in between.
-    Packet read_into(const std::string& id, const PlaneTargets& keys,
-                     const PlaneTargets& values) const;
+    /// cache, beyond the rows it holds, with no copy of the packet in between. Without
+    /// `with_layouts`, the index's per-token layouts stay in the file, as
+    /// read_without_tensors_or_layouts leaves them (read_index_layout reads them later).
+    Packet read_into(const std::string& id, const PlaneTargets& keys, const PlaneTargets& values,
+                     bool with_layouts = true) const;
     /// read() without keys and values (both left empty): positions, token ids, the index.
     Packet read_without_tensors(const std::string& id) const;
     /// read_without_tensors() whose index keeps its segments, projection and settings but

@@ -36,9 +36,10 @@ void append_packet(const Rope& rope, KvCache& cache, const Packet& packet, Cache
 
 /// Reads packet `id` of `reader` with its keys and values straight into the rows after the end
 /// of `cache` (KvCache::rows_after_end; room for them reserved), which stay outside it until
-/// append_packet_in_place; the keys are turned by cache.next_position() as they land. For a
-/// host cache in memory of the file's dtype and a packet that keeps the same tokens in every
-/// head (can_read_into_cache).
+/// append_packet_in_place; the keys are turned by cache.next_position() as they land. The
+/// index's per-token layouts stay in the file (CacheReader::read_index_layout reads them when
+/// the index is restored). For a host cache in memory of the file's dtype and a packet that
+/// keeps the same tokens in every head (can_read_into_cache).
 Packet read_packet_into_cache(const Rope& rope, const CacheReader& reader, const std::string& id,
                               KvCache& cache);
 bool can_read_into_cache(const CacheReader& reader, const std::string& id, const KvCache& cache);
