@@ -19,6 +19,11 @@
 #include <unistd.h>
 
 namespace kv {
+namespace {
+
+[[maybe_unused]] constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;  // transparent, x86-64
+
+}  // namespace
 
 std::size_t physical_memory_bytes() {
     const long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -70,7 +75,6 @@ void require_memory(double bytes, const std::string& what) {
 
 void advise_huge_pages(void* data, std::size_t bytes) {
 #ifdef MADV_HUGEPAGE
-    constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;
     if (data == nullptr || bytes < huge_page_worthy_bytes) return;
     const auto begin = reinterpret_cast<std::uintptr_t>(data);
     const std::uintptr_t first = (begin + huge_page - 1) & ~(huge_page - 1);
@@ -101,7 +105,13 @@ void populate_for_writing(void* data, std::size_t bytes) {
     const std::uintptr_t first = begin & ~(page - 1);
     const std::uintptr_t last = (begin + bytes + page - 1) & ~(page - 1);
     if (madvise(reinterpret_cast<void*>(first), last - first, populate_write) == 0) return;
-    // An older kernel: the first byte of every page in the range, read and written back.
+    touch_pages_for_writing(data, bytes);  // a kernel before 5.14
+}
+
+void touch_pages_for_writing(void* data, std::size_t bytes) {
+    if (data == nullptr || bytes == 0) return;
+    const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
     auto* bytes_of = static_cast<volatile std::byte*>(data);
     for (std::uintptr_t at = begin; at < begin + bytes; at = (at & ~(page - 1)) + page) {
         volatile std::byte& byte = bytes_of[at - begin];
@@ -132,7 +142,6 @@ std::uintptr_t main_heap_start() {
 
 void advise_heap_huge_pages() {
 #if defined(MADV_HUGEPAGE) && defined(__GLIBC__)
-    constexpr std::uintptr_t huge_page = std::uintptr_t{2} << 20;
     static std::mutex mutex;
     static std::uintptr_t advised_end = 0;
     static std::uintptr_t heap_start = 0;  // the main heap: [heap_start, sbrk(0)); 0: unknown

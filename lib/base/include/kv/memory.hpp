@@ -27,6 +27,9 @@ void advise_huge_pages(void* data, std::size_t bytes);
 /// buffer about to be filled by a copy or a read is faulted in first by every thread, a part
 /// each, so that neither the zeroing nor its stalls fall on one thread.
 void populate_for_writing(void* data, std::size_t bytes);
+/// populate_for_writing's way where the kernel lacks MADV_POPULATE_WRITE: the first byte in the
+/// range of every page read and written back.
+void touch_pages_for_writing(void* data, std::size_t bytes);
 
 /// For a process that keeps allocating buffers too small to advise one by one and keeps them
 /// (kvserve-once --requests' packets, a few hundred KiB each, kept in memory): asks for huge
