@@ -115,8 +115,10 @@ IndexReport index_cache_file(const IndexOptions& options) {
     const std::vector<float> projection = dci_projection(model.head_dim, options.seed);
     const std::vector<int64_t> layers = indexed_layers(options, model.num_layers);
     CacheWriteOptions write = options.write;
-    if (options.zstd_level_of_input) {
-        const TensorLayout layout = reader.tensor_layout();
+    const TensorLayout layout =
+        options.zstd_level_of_input ? reader.tensor_layout() : TensorLayout{};
+    // A store of quantised packets only has no such keys to go by: write.zstd_level stays.
+    if (!layout.storage.empty()) {
         const bool zstd =
             std::find(layout.filters.begin(), layout.filters.end(), "zstd") != layout.filters.end();
         // zstd's level 0 is its default, 3; a negative (fast) one the writer's fastest, 1.

@@ -38,8 +38,9 @@ struct IndexOptions {
     bool keep_existing = false;  ///< leave packets that already have an index as they are
     CacheWriteOptions write;
     /// Write the keys and values compressed as the input's are (its first packet's keys: their
-    /// zstd level, none when they are not zstd-compressed) instead of at write.zstd_level: an
-    /// index added to a store baked uncompressed for reading speed leaves it uncompressed.
+    /// zstd level, none when they are not zstd-compressed) instead of at write.zstd_level (which
+    /// a store of quantised packets only keeps): an index added to a store baked uncompressed
+    /// for reading speed leaves it uncompressed.
     bool zstd_level_of_input = false;
     Provenance provenance;
     std::function<void(const IndexProgress&)> progress;  ///< after each packet
