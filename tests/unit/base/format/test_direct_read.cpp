@@ -222,14 +222,15 @@ TEST_CASE("keys and values are read directly as HDF5 reads them, in every layout
 TEST_CASE("read_into planes further apart than the packet's: each plane's rows in its place",
           "[direct_read]") {
     // A decoder's cache: every head has room for more tokens than the packet brings, and the
-    // packet goes after rows it already holds. Files read directly (zstd, uncompressed, chunks
-    // of both shapes) and through HDF5 (gzip, big-endian: a hyperslab per layer), quantised
-    // (dequantised, then copied), each against read(); each piece reported as it lands.
+    // packet goes after rows it already holds. Files read directly (contiguous, zstd,
+    // uncompressed, chunks of both shapes) and through HDF5 (gzip, big-endian: a hyperslab per
+    // layer), quantised (dequantised, then copied), each against read(); each piece reported as it
+    // lands.
     const std::filesystem::path good = std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache" / "good";
     for (const char* name :
-         {"0002_f32_zstd.kvc", "0003_bf16.kvc", "0004_f16.kvc", "0007_gzip_big_endian_earliest.kvc",
-          "0010_many_packets.kvc", "0013_quantized.kvc", "0017_chunks_1mib.kvc",
-          "0018_chunks_1mib_uncompressed.kvc"}) {
+         {"0001_minimal.kvc", "0002_f32_zstd.kvc", "0003_bf16.kvc", "0004_f16.kvc",
+          "0007_gzip_big_endian_earliest.kvc", "0010_many_packets.kvc", "0013_quantized.kvc",
+          "0017_chunks_1mib.kvc", "0018_chunks_1mib_uncompressed.kvc"}) {
         CAPTURE(name);
         const kv::CacheReader reader(good / name);
         const kv::CacheModelInfo& m = reader.model();
