@@ -106,8 +106,15 @@ KV_AVX512_BW void block_sums_avx512(const std::byte* data, std::size_t n, uint32
             vs = _mm512_add_epi32(vs, _mm512_slli_epi32(_mm512_madd_epi16(high, ones), 8));
             vs = _mm512_add_epi32(vs, _mm512_madd_epi16(low, ones));
         }
-        sum = static_cast<uint32_t>(_mm512_reduce_add_epi32(vs));
-        weighted = static_cast<uint32_t>(_mm512_reduce_add_epi32(vw));
+        // Summed as unsigned: the weighted sum may pass 2^31, where _mm512_reduce_add_epi32's
+        // int arithmetic would overflow (undefined behaviour, which UBSan reports).
+        alignas(64) uint32_t lanes[16];
+        _mm512_store_si512(lanes, vs);
+        for (const uint32_t lane : lanes)
+            sum += lane;
+        _mm512_store_si512(lanes, vw);
+        for (const uint32_t lane : lanes)
+            weighted += lane;
     }
     const std::size_t done = 32 * groups;
     uint32_t rest_sum = 0, rest_weighted = 0;
