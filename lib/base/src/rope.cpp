@@ -178,12 +178,6 @@ KV_AVX512_BW void rotate_rows_avx512(std::byte* keys, bool bf16, std::size_t row
         }
     }
 }
-
-bool has_avx512() {
-    static const bool supported =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    return supported;
-}
 #endif
 
 }  // namespace
@@ -194,7 +188,7 @@ void rotate_rows(std::byte* keys, CacheDtype dtype, std::size_t rows, std::size_
 #if defined(__x86_64__)
     // A packet's keys go through here at every realignment (1 GiB for 32k tokens of a 1B model):
     // scalar, with a dtype switch per value, that was ~2 s.
-    if (dtype != CacheDtype::f16 && has_avx512())
+    if (dtype != CacheDtype::f16 && avx512::cpu_supported())
         return rotate_rows_avx512(keys, dtype == CacheDtype::bf16, rows, row_stride, half,
                                   interleaved, cosines, sines);
 #endif

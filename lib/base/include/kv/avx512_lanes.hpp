@@ -2,7 +2,8 @@
 // `lanes` of them (masked, so that a row's tail needs no scalar loop): what the kernels that read
 // and write the cache's dtypes share (RoPE's rotation of stored keys, attention's softmax rows).
 // Narrowing rounds to nearest even and keeps NaNs quiet, as float_to_bf16 does, so that the
-// vector and the scalar paths store the same bits. x86-64 only; callers check the CPU first.
+// vector and the scalar paths store the same bits. x86-64 only; callers check the CPU first
+// (cpu_supported).
 #pragma once
 
 #if defined(__x86_64__)
@@ -20,6 +21,13 @@
 #define KV_AVX512_BW __attribute__((target("avx512f,avx512bw")))
 
 namespace kv::avx512 {
+
+/// Whether this CPU runs the AVX512F and AVX512BW instructions of KV_AVX512_BW code (asked once).
+inline bool cpu_supported() {
+    static const bool supported =
+        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    return supported;
+}
 
 /// The first min(count, 16) lanes; none for count <= 0.
 KV_AVX512_BW inline __mmask16 first_lanes(int64_t count) {

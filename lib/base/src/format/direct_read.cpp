@@ -125,12 +125,6 @@ KV_AVX512_BW void block_sums_avx512(const std::byte* data, std::size_t n, uint32
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
-
-bool has_avx512_bw() {
-    static const bool supported =
-        __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-    return supported;
-}
 #endif
 
 uint32_t fold(uint32_t x) {
@@ -140,16 +134,16 @@ uint32_t fold(uint32_t x) {
 }  // namespace
 
 void Fletcher32::update(const std::byte* data, std::size_t bytes) {
+#if defined(__x86_64__)
+    const auto sums = avx512::cpu_supported() ? block_sums_avx512 : block_sums;
+#else
+    const auto sums = block_sums;
+#endif
     std::size_t words = bytes / 2;
     while (words > 0) {
         const std::size_t n = std::min(words, block_words);
         uint32_t s = 0, w = 0;
-#if defined(__x86_64__)
-        if (has_avx512_bw())
-            block_sums_avx512(data, n, s, w);
-        else
-#endif
-            block_sums(data, n, s, w);
+        sums(data, n, s, w);
         // As HDF5's loop, in 32-bit arithmetic: sum2 gains sum1 after each of the n words.
         sum2_ += static_cast<uint32_t>(n) * sum1_ + w;
         sum1_ += s;
