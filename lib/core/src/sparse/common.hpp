@@ -8,6 +8,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -38,12 +39,16 @@ void scan_keys(const KvCache& cache, int64_t layer, int64_t head, int64_t from, 
 }
 
 /// fn(head) for every kv head, the heads spread over the compute threads: a step's choices are
-/// independent per head (each writes its own rows and plane state). at::parallel_for rethrows
-/// the first failure (a read of an offloaded cache).
+/// independent per head (each writes its own rows and plane state). Each thread takes the next
+/// head when it is done with one: heads differ in cost (an IceCache head's walk by the points its
+/// queries keep), and fixed shares of 4 heads each left one of 2 threads waiting for the other.
+/// at::parallel_for rethrows the first failure (a read of an offloaded cache).
 template <typename Fn>
 void for_each_head(int64_t kv_heads, Fn&& fn) {
-    at::parallel_for(0, kv_heads, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t head = begin; head < end; ++head)
+    std::atomic<int64_t> next{0};
+    const int64_t workers = std::min<int64_t>(kv_heads, at::get_num_threads());
+    at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+        for (int64_t head = next++; head < kv_heads; head = next++)
             fn(head);
     });
 }

@@ -211,7 +211,15 @@ class DciIndex {
     std::vector<float> owned_storage_;  // the storage when restore_in_place was given none
     bool in_place_ = false;
     int64_t token_count_ = 0;
-    std::vector<int32_t> owner_first_slot_;                // per owner
+    // Per owner: its children's slots [first_slot, first_slot + children), and its pages in
+    // slot order at [pages_begin, pages_begin + pages) of owner_page_ids_ (their sizes at the
+    // same places of owner_page_sizes_). A query reads an owner's from one place, where a list
+    // per owner and a size per page id cost it a cache miss each.
+    struct OwnerSlots {
+        int32_t first_slot = 0, children = 0, pages_begin = 0, pages = 0;
+    };
+    std::vector<OwnerSlots> owner_slots_;
+    std::vector<int32_t> owner_page_ids_, owner_page_sizes_;
     std::unordered_map<int32_t, int32_t> owner_of_point_;  // point -> owner
     std::vector<int32_t> page_first_slot_, page_size_;     // per page id
     std::vector<float> squared_norm_;
