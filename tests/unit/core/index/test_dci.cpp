@@ -419,8 +419,12 @@ TEST_CASE("a stored layout restores the same index, and a bad one is refused", "
     check_structure(restored, 16);
     CHECK(restored.levels() == index.levels());
     CHECK(restored.live_pages() == index.live_pages());
-    for (int64_t token = 0; token < count; ++token)
+    // Parents, and projections bit for bit: restore computes the keys' norms and projections a
+    // chunk at a time, as the built index did key by key.
+    for (int64_t token = 0; token < count; ++token) {
         REQUIRE(restored.parent(token) == index.parent(token));
+        REQUIRE(restored.projection_of(token) == index.projection_of(token));
+    }
     const std::vector<float> queries = clustered_keys(10, 12, 22);
     for (int q = 0; q < 10; ++q) {
         const float* query = queries.data() + q * dim;

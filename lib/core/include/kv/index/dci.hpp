@@ -170,6 +170,8 @@ class DciIndex {
     int next_level();
     void add_token(const float* key);
     float project(const float* key, double squared_norm) const;
+    /// project() from the key's dot product with the direction, `along`.
+    float projection(double along, double squared_norm) const;
     double lifted_distance_to(const float* key, double squared_norm, int64_t other) const;
     void pack_level(int level);
     int32_t nearest_exact(int64_t token, int level) const;
