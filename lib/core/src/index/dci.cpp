@@ -30,8 +30,8 @@ double dot(const float* a, const float* b, int64_t n) {
 // out[r] = dot(rows + r * n, other(r), n) for r < count, each the same float sum in the same
 // order, 8 rows' chains of dependent additions interleaved: one chain at a time, each addition
 // waiting for the one before, the keys' squared norms were a third of restoring an index.
-template <typename Other>
-void dots_in_order(const float* rows, int64_t count, int64_t n, Other&& other, float* out) {
+template <typename Row, typename Other>
+void dots_in_order(int64_t count, int64_t n, Row&& row, Other&& other, float* out) {
     constexpr int together = 8;
     int64_t r = 0;
     for (; r + together <= count; r += together) {
@@ -39,7 +39,7 @@ void dots_in_order(const float* rows, int64_t count, int64_t n, Other&& other, f
         const float* a[together];
         const float* b[together];
         for (int g = 0; g < together; ++g) {
-            a[g] = rows + (r + g) * n;
+            a[g] = row(r + g);
             b[g] = other(r + g);
         }
         for (int64_t i = 0; i < n; ++i)
@@ -49,7 +49,7 @@ void dots_in_order(const float* rows, int64_t count, int64_t n, Other&& other, f
         std::copy_n(sums, together, out + r);
     }
     for (; r < count; ++r)
-        out[r] = static_cast<float>(dot(rows + r * n, other(r), n));
+        out[r] = static_cast<float>(dot(row(r), other(r), n));
 }
 
 constexpr int32_t free_page = -2;
@@ -257,6 +257,25 @@ double DciIndex::lifted_distance(int64_t a, int64_t b) const {
     return lifted_distance_to(key(a), squared_norm_[a], b);
 }
 
+void DciIndex::lifted_distances(int64_t token, std::span<const int32_t> others,
+                                std::vector<double>& out) const {
+    thread_local std::vector<float> dots;
+    const auto count = static_cast<int64_t>(others.size());
+    dots.resize(others.size());
+    const float* from = key(token);
+    dots_in_order(
+        count, head_dim_, [&](int64_t) { return from; },
+        [&](int64_t i) { return key(others[static_cast<std::size_t>(i)]); }, dots.data());
+    // lifted_distance_to's arithmetic from each dot product.
+    const double squared_norm = squared_norm_[static_cast<std::size_t>(token)];
+    out.resize(others.size());
+    for (std::size_t i = 0; i < others.size(); ++i) {
+        const double tails = std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm) *
+                                       std::max(0.0, max_squared_norm_ - squared_norm_[others[i]]));
+        out[i] = max_squared_norm_ - static_cast<double>(dots[i]) - tails;
+    }
+}
+
 void DciIndex::pack_level(int level) {
     if (static_cast<int>(packed_keys_.size()) <= level) {
         packed_keys_.resize(static_cast<std::size_t>(level) + 1);
@@ -298,19 +317,24 @@ int32_t DciIndex::nearest_descending(int64_t token, int level) const {
     const auto beam_width =
         static_cast<std::size_t>(std::max<int64_t>(1, options_.construction_field_of_view));
     std::vector<std::pair<double, int32_t>> beam;
-    for (int32_t point : level_points_[top])
-        beam.emplace_back(lifted_distance(token, point), point);
+    std::vector<int32_t> points = level_points_[top];
+    std::vector<double> distances;
+    lifted_distances(token, points, distances);
+    for (std::size_t i = 0; i < points.size(); ++i)
+        beam.emplace_back(distances[i], points[i]);
     for (int current = top; current > level + 1; --current) {
         std::sort(beam.begin(), beam.end());
         if (beam.size() > beam_width) beam.resize(beam_width);
-        std::vector<std::pair<double, int32_t>> next;
+        points.clear();
         for (const auto& [distance, point] : beam)
             for (int32_t page : pages_of(point))
                 for (int32_t child : pages_[page].tokens)
-                    if (level_[child] == current - 1)
-                        next.emplace_back(lifted_distance(token, child), child);
-        if (next.empty()) break;  // unreachable with a consistent tree
-        beam = std::move(next);
+                    if (level_[child] == current - 1) points.push_back(child);
+        if (points.empty()) break;  // unreachable with a consistent tree
+        lifted_distances(token, points, distances);
+        beam.clear();
+        for (std::size_t i = 0; i < points.size(); ++i)
+            beam.emplace_back(distances[i], points[i]);
     }
     return std::min_element(beam.begin(), beam.end())->second;
 }
@@ -372,6 +396,7 @@ void DciIndex::assign_parents(int level, int threads) {
     const auto neighbours =
         static_cast<std::size_t>(std::max<int64_t>(1, options_.anchor_neighbours));
     std::vector<int32_t> candidates, rejected;
+    std::vector<double> candidate_distances;
     for (std::size_t i = 0; i < points.size(); ++i) {
         const int32_t point = points[i];
         const std::size_t slot = static_cast<std::size_t>(
@@ -386,10 +411,10 @@ void DciIndex::assign_parents(int level, int threads) {
         candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
         int32_t best = -1;
         double best_distance = std::numeric_limits<double>::infinity();
-        for (int32_t candidate : candidates) {
-            const double distance = lifted_distance(point, candidate);
-            if (distance < best_distance) best_distance = distance, best = candidate;
-        }
+        lifted_distances(point, candidates, candidate_distances);
+        for (std::size_t c = 0; c < candidates.size(); ++c)
+            if (candidate_distances[c] < best_distance)
+                best_distance = candidate_distances[c], best = candidates[c];
         if (best < 0 || reach[best] * options_.anchor_threshold < best_distance) {
             rejected.push_back(point);
             continue;
@@ -834,12 +859,10 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
         // What add_token and project compute, key by key, for the chunk at once.
         norms.resize(static_cast<std::size_t>(rows));
         along.resize(static_cast<std::size_t>(rows));
+        auto key_at = [&](int64_t row) { return buffer.data() + row * head_dim_; };
+        dots_in_order(rows, head_dim_, key_at, key_at, norms.data());
         dots_in_order(
-            buffer.data(), rows, head_dim_,
-            [&](int64_t row) { return buffer.data() + row * head_dim_; }, norms.data());
-        dots_in_order(
-            buffer.data(), rows, head_dim_, [&](int64_t) { return direction_.data(); },
-            along.data());
+            rows, head_dim_, key_at, [&](int64_t) { return direction_.data(); }, along.data());
         for (int64_t i = 0; i < rows; ++i) {
             const std::size_t token = static_cast<std::size_t>(first + i);
             const float* key = buffer.data() + i * head_dim_;

@@ -173,6 +173,10 @@ class DciIndex {
     /// project() from the key's dot product with the direction, `along`.
     float projection(double along, double squared_norm) const;
     double lifted_distance_to(const float* key, double squared_norm, int64_t other) const;
+    /// out[i] = lifted_distance(token, others[i]), the same bits, the dot products of several
+    /// others at once.
+    void lifted_distances(int64_t token, std::span<const int32_t> others,
+                          std::vector<double>& out) const;
     void pack_level(int level);
     int32_t nearest_exact(int64_t token, int level) const;
     int32_t nearest_descending(int64_t token, int level) const;
