@@ -27,9 +27,10 @@ double dot(const float* a, const float* b, int64_t n) {
     return sum;
 }
 
-// out[r] = dot(rows + r * n, other(r), n) for r < count, each the same float sum in the same
-// order, 8 rows' chains of dependent additions interleaved: one chain at a time, each addition
-// waiting for the one before, the keys' squared norms were a third of restoring an index.
+// out[r] = dot(row(r), other(r), n) for r < count, each the same float sum in the same order, 8
+// rows' chains of dependent additions interleaved: one chain at a time, each addition waiting
+// for the one before, the keys' squared norms were a third of restoring an index and their
+// lifted distances a third of building one.
 template <typename Row, typename Other>
 void dots_in_order(int64_t count, int64_t n, Row&& row, Other&& other, float* out) {
     constexpr int together = 8;
@@ -1014,7 +1015,7 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
     const int32_t* page_ids = nullptr;
     const int32_t* page_sizes = nullptr;
     int64_t children = 0, first_slot = 0;
-    // owner_index(point), -1 when it owns no page.
+    // `row`: owner_index(owner), -1 when it owns no page.
     auto load_children = [&](int32_t owner, int32_t row) {
         children = 0;
         if (!in_place()) {
