@@ -249,9 +249,14 @@ float DciIndex::projection(double along, double squared_norm) const {
 }
 
 double DciIndex::lifted_distance_to(const float* key, double squared_norm, int64_t other) const {
+    return lifted_from_dot(dot(key, this->key(other), head_dim_), squared_norm,
+                           squared_norm_[other]);
+}
+
+double DciIndex::lifted_from_dot(double dot, double squared_norm, double other_squared_norm) const {
     const double tails = std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm) *
-                                   std::max(0.0, max_squared_norm_ - squared_norm_[other]));
-    return max_squared_norm_ - dot(key, this->key(other), head_dim_) - tails;
+                                   std::max(0.0, max_squared_norm_ - other_squared_norm));
+    return max_squared_norm_ - dot - tails;
 }
 
 double DciIndex::lifted_distance(int64_t a, int64_t b) const {
@@ -267,14 +272,10 @@ void DciIndex::lifted_distances(int64_t token, std::span<const int32_t> others,
     dots_in_order(
         count, head_dim_, [&](int64_t) { return from; },
         [&](int64_t i) { return key(others[static_cast<std::size_t>(i)]); }, dots.data());
-    // lifted_distance_to's arithmetic from each dot product.
     const double squared_norm = squared_norm_[static_cast<std::size_t>(token)];
     out.resize(others.size());
-    for (std::size_t i = 0; i < others.size(); ++i) {
-        const double tails = std::sqrt(std::max(0.0, max_squared_norm_ - squared_norm) *
-                                       std::max(0.0, max_squared_norm_ - squared_norm_[others[i]]));
-        out[i] = max_squared_norm_ - static_cast<double>(dots[i]) - tails;
-    }
+    for (std::size_t i = 0; i < others.size(); ++i)
+        out[i] = lifted_from_dot(dots[i], squared_norm, squared_norm_[others[i]]);
 }
 
 void DciIndex::pack_level(int level) {

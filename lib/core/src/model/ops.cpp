@@ -434,23 +434,27 @@ bool Rope::shift_in_place(const torch::Tensor& x, int64_t delta) const {
     return true;
 }
 
-namespace {
-
-// One query token per head on CPU, every stored key visible: the decoding step. libtorch 1.13's
-// bf16 bmm/softmax/transpose paths cost milliseconds per call at these sizes (measured: 1.2 s per
-// token on a 1B model), so the scores and the weighted sum read the cache rows directly, in its
-// dtype, with the gemv row kernels, one kv head (and its query group) per task.
-// Whether the row kernels can read these tensors: host memory, f32 or bf16 cache rows
-// contiguous per head, no mask beyond causality by position, no gradients.
-bool decode_kernel_fits(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        const AttentionMask& mask) {
-    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
+bool decode_kernel_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
     if (k.scalar_type() != v.scalar_type()) return false;
     if (k.scalar_type() != torch::kFloat32 && k.scalar_type() != torch::kBFloat16) return false;
     if (!head_rows_contiguous(k) || !head_rows_contiguous(v)) return false;
     return !at::GradMode::is_enabled() ||
            (!q.requires_grad() && !k.requires_grad() && !v.requires_grad());
+}
+
+namespace {
+
+// One query token per head on CPU, every stored key visible: the decoding step. libtorch 1.13's
+// bf16 bmm/softmax/transpose paths cost milliseconds per call at these sizes (measured: 1.2 s per
+// token on a 1B model), so the scores and the weighted sum read the cache rows directly, in its
+// dtype, with the gemv row kernels, one kv head (and its query group) per task.
+// Whether the row kernels can read these tensors (decode_kernel_takes) under this mask: no
+// mask beyond causality by position.
+bool decode_kernel_fits(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionMask& mask) {
+    if (mask.sliding_window > 0 || mask.allow.defined() || mask.key_valid.defined()) return false;
+    return decode_kernel_takes(q, k, v);
 }
 
 bool use_decode_kernel(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -24,21 +24,6 @@ torch::Tensor attend_head(const torch::Tensor& queries, int64_t head, int64_t gr
     return torch::matmul(probabilities, values.to(torch::kFloat32)).unsqueeze(1);
 }
 
-// Whether a layer's keys and values [Hkv, S, D] can go to the decoding kernel: on the host, bf16
-// or float32, each head's rows one after another.
-bool kernel_fits(const torch::Tensor& queries, const torch::Tensor& keys,
-                 const torch::Tensor& values) {
-    auto rows_packed = [](const torch::Tensor& t) {
-        return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2);
-    };
-    return queries.device().is_cpu() && keys.device().is_cpu() && values.device().is_cpu() &&
-           keys.scalar_type() == values.scalar_type() &&
-           (keys.scalar_type() == torch::kBFloat16 || keys.scalar_type() == torch::kFloat32) &&
-           rows_packed(keys) && rows_packed(values) &&
-           (!at::GradMode::is_enabled() ||
-            (!queries.requires_grad() && !keys.requires_grad() && !values.requires_grad()));
-}
-
 // The kv heads' query heads over their chosen rows with the decoding kernel (attend_rows, the
 // arithmetic of attention() for one token): `gather(head, keys_out, values_out)` writes head
 // h's chosen rows, rows[h].size() of them, one after another. The result is attention() over
@@ -76,7 +61,7 @@ torch::Tensor attention_over_rows(const torch::Tensor& queries, const torch::Ten
                                   const torch::Tensor& values,
                                   const std::vector<std::vector<int64_t>>& rows, double scale) {
     const int64_t kv_heads = keys.size(0), group = queries.size(0) / kv_heads;
-    if (kernel_fits(queries, keys, values)) {
+    if (decode_kernel_takes(queries, keys, values)) {
         const int64_t dim = keys.size(2);
         const std::size_t element = keys.element_size();
         const auto row_bytes = static_cast<std::size_t>(dim) * element;

@@ -173,6 +173,8 @@ class DciIndex {
     /// project() from the key's dot product with the direction, `along`.
     float projection(double along, double squared_norm) const;
     double lifted_distance_to(const float* key, double squared_norm, int64_t other) const;
+    /// lifted_distance_to's arithmetic from the keys' dot product and squared norms.
+    double lifted_from_dot(double dot, double squared_norm, double other_squared_norm) const;
     /// out[i] = lifted_distance(token, others[i]), the same bits, the dot products of several
     /// others at once.
     void lifted_distances(int64_t token, std::span<const int32_t> others,

@@ -109,5 +109,10 @@ bool causal_attention_prefill_takes(const torch::Tensor& q, const torch::Tensor&
 /// Whether the rows of each head of `rows` [H, S, D] are contiguous, as in a [H, capacity, D]
 /// cache buffer viewed to S slots: what the tiled and the decoding kernels read.
 bool head_rows_contiguous(const torch::Tensor& rows);
+/// Whether the decoding kernels (the row kernels, attend_rows) read these queries, keys and
+/// values as they are: host memory, keys and values float32 or bf16 of one dtype with their rows
+/// contiguous per head, no gradients. (attention() takes them for one token when its mask is
+/// also plain causality.)
+bool decode_kernel_takes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
 }  // namespace kv
