@@ -179,7 +179,9 @@ def from_folder(folder, writer, kind, pre):
     for added in tokenizer["added_tokens"]:
         tokens[added["id"]] = added["content"]
         types[added["id"]] = CONTROL if added["special"] else USER_DEFINED
-    count = max(tokens) + 1
+    # Padded to the embedding's rows as convert_hf_to_gguf.py pads ([PADn], unused): llama.cpp
+    # refuses a vocabulary shorter than token_embd.
+    count = max(max(tokens) + 1, c.get("vocab_size", 0))
     writer.add("tokenizer.ggml.model", 8, "gpt2")
     writer.add("tokenizer.ggml.pre", 8, pre)
     writer.add("tokenizer.ggml.tokens", 9, (8, [tokens.get(i, f"[PAD{i}]") for i in range(count)]))
