@@ -7,6 +7,7 @@ and the runs behind it; docs/ quotes them beside the command that produced them.
 """
 import json
 import os
+import shlex
 import pathlib
 import sys
 
@@ -57,8 +58,9 @@ def shown(path):
 
 
 def command_line():
-    """This driver's command line as run from the repository root (results record it)."""
-    return " ".join([shown(sys.argv[0])] + sys.argv[1:])
+    """This driver's command line as run from the repository root (results record it), quoted
+    for a shell where an argument needs it (a question with spaces)."""
+    return shlex.join([shown(sys.argv[0])] + sys.argv[1:])
 
 
 def relative(path):
