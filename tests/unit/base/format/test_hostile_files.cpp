@@ -254,6 +254,42 @@ TEST_CASE("a continuation that cannot be followed is refused", "[hostile]") {
                Catch::Contains("corrupt object header (a continuation past the largest address)"));
 }
 
+TEST_CASE("a version-1 header's continuation that cannot be followed is refused", "[hostile]") {
+    // good/0007_gzip_big_endian_earliest.kvc (HDF5's earliest format, h5py's default): the root
+    // group's version-1 header (at 96, messages from 112) continues at 112 (type 0x10, 16 bytes;
+    // address, length) to the chunk at 800, whose first message continues to 39984. Version 1
+    // has no signature and no checksum: a continuation in a chunk another led to cannot be a
+    // look-alike's bytes, one in the first chunk can (and HDF5 judges that one itself).
+    const std::vector<uint8_t> earliest = read_bytes(
+        std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0007_gzip_big_endian_earliest.kvc");
+    REQUIRE(earliest.size() > 900);
+    // The little-endian field of `bytes` wide at `at` made `value`.
+    auto edited = [&](std::size_t message, std::size_t at, int bytes, uint64_t value) {
+        std::vector<uint8_t> file = earliest;
+        REQUIRE(file[message] == 0x10);
+        REQUIRE(file[message + 1] == 0x00);
+        for (int i = 0; i < bytes; ++i)
+            file[at + static_cast<std::size_t>(i)] = static_cast<uint8_t>(value >> (8 * i));
+        return errors_after_repair(file);
+    };
+    CHECK(errors_after_repair(earliest).empty());
+    // Into the chunk it lies in.
+    CHECK_THAT(edited(800, 808, 8, 800),
+               Catch::Contains("corrupt object header (a continuation to a chunk already listed)"));
+    CHECK_THAT(edited(800, 808, 8, UINT64_MAX - 3),
+               Catch::Contains("corrupt object header (a continuation past the largest address)"));
+    // A message of 8 bytes, which HDF5 would decode as 16.
+    CHECK_THAT(edited(800, 802, 2, 8),
+               Catch::Contains("corrupt object header (a continuation message too short)"));
+    // 1 GiB of a file of 49 KB, which HDF5 would allocate before reading, from either chunk.
+    CHECK_THAT(edited(800, 816, 8, uint64_t{1} << 30),
+               Catch::Contains("corrupt object header (larger than the file)"));
+    CHECK_THAT(edited(112, 128, 8, uint64_t{1} << 30),
+               Catch::Contains("corrupt object header (larger than the file)"));
+    // The first chunk continuing into itself is left to HDF5, which refuses it.
+    CHECK_THAT(edited(112, 120, 8, 112), Catch::Contains("cannot open the HDF5 file"));
+}
+
 TEST_CASE("an object header cut short by the end of the file is refused", "[hostile]") {
     // good/0001_minimal.kvc's root group links 'model' to its header ("OHDR"); the link moved to
     // the file's last 10 bytes, made "OHDR", version 2, flags 0x20 (times stored: a 26-byte
