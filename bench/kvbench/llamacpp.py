@@ -10,12 +10,12 @@ the state llama-cli saved after a 256-token prompt with its cells repeated
 (bench/llamacpp-tile-state): a file of the length's size and llama.cpp's layout, read and
 copied as any other; its answer means nothing, as the synthetic packets' answers mean nothing.
 """
+import os
 import pathlib
 import re
 import subprocess
 import tempfile
 import time
-import os
 
 from . import ROOT, tools
 
