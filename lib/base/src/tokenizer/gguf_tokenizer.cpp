@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace kv::tokenizer_detail {
 
@@ -161,10 +162,42 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     std::vector<int64_t> end_ids = {eos, token_id("tokenizer.ggml.eot_token_id"),
                                     token_id("tokenizer.ggml.eom_token_id")};
 
+    // Unused tokens ([PADn], which convert_hf_to_gguf.py writes up to the embedding's rows) are
+    // left out of the vocabulary, as they are absent from the tokenizer.json they came from: they
+    // decode to nothing (llama.cpp prints nothing for them either) and ids past the last token
+    // in use are past vocab_size(), as from the model's folder. One that a merge names or makes,
+    // or that the metadata names BOS, EOS or unknown, stays.
+    const std::vector<std::string>* listed_merges =
+        spm ? nullptr : file.strings("tokenizer.ggml.merges");
+    auto named = [&](std::size_t id) {
+        const auto as_id = static_cast<int64_t>(id);
+        return as_id == bos || as_id == eos || as_id == unk;
+    };
+    std::unordered_set<std::string_view> unused_texts, merged;
+    for (std::size_t id = 0; id < count; ++id)
+        if (types[id] == unused && !named(id)) unused_texts.insert((*tokens)[id]);
+    if (!unused_texts.empty() && listed_merges) {
+        std::string made;
+        for (const std::string& merge : *listed_merges) {
+            const std::size_t space = merge.find(' ');
+            if (space == std::string::npos) continue;
+            made.assign(merge, 0, space);
+            made.append(merge, space + 1);
+            for (std::string_view text :
+                 {std::string_view(merge).substr(0, space),
+                  std::string_view(merge).substr(space + 1), std::string_view(made)})
+                if (const auto found = unused_texts.find(text); found != unused_texts.end())
+                    merged.insert(*found);
+        }
+    }
+    auto in_use = [&](std::size_t id) {
+        return types[id] != unused || named(id) || merged.count((*tokens)[id]) > 0;
+    };
     std::string vocab_json = "{";
     std::string added_json = "[";
     bool first_vocab = true, first_added = true;
     for (std::size_t id = 0; id < count; ++id) {
+        if (!in_use(id)) continue;
         const std::string& token = (*tokens)[id];
         const int64_t type = types[id];
         const bool added = type == control || type == user_defined || (spm && type == unknown);
@@ -209,11 +242,11 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
         model_options = R"(,"byte_fallback":true,"fuse_unk":true)";
         if (unk >= 0) model_options += R"(,"unk_token":)" + quote_json((*tokens)[unk]);
     } else {
-        const std::vector<std::string>* listed = file.strings("tokenizer.ggml.merges");
-        if (!listed) throw FormatError(source + ": missing metadata 'tokenizer.ggml.merges'");
+        if (!listed_merges)
+            throw FormatError(source + ": missing metadata 'tokenizer.ggml.merges'");
         merges = "[";
-        for (std::size_t i = 0; i < listed->size(); ++i)
-            merges += (i ? "," : "") + quote_json((*listed)[i]);
+        for (std::size_t i = 0; i < listed_merges->size(); ++i)
+            merges += (i ? "," : "") + quote_json((*listed_merges)[i]);
         merges += "]";
         const std::string name = file.string("tokenizer.ggml.pre").value_or("default");
         const std::optional<PreTokenizer> found = pre_tokenizer_for(name);

@@ -34,8 +34,12 @@ int32_t id_of(const std::vector<std::string>& tokens, const std::string& content
     return -1;
 }
 
-// A byte-level BPE tokenizer.json as convert_hf_to_gguf.py writes it ("gpt2" model).
-std::string byte_level_gguf(const std::filesystem::path& folder, const std::string& pre) {
+// A byte-level BPE tokenizer.json as convert_hf_to_gguf.py writes it ("gpt2" model): its
+// tokens padded with unused [PADn] ones up to `pad_to` (the embedding's rows), and the tokens
+// named in `unused_ones` typed unused.
+std::string byte_level_gguf(const std::filesystem::path& folder, const std::string& pre,
+                            std::size_t pad_to = 0,
+                            const std::vector<std::string>& unused_ones = {}) {
     const json::Value tokenizer = read_json(folder / "tokenizer.json");
     const json::Value config = read_json(folder / "tokenizer_config.json");
     std::vector<std::string> tokens;
@@ -55,6 +59,10 @@ std::string byte_level_gguf(const std::filesystem::path& folder, const std::stri
     for (const json::Value& added : tokenizer.at("added_tokens").as_array())
         place(added.at("id").as_int(), added.at("content").as_string(),
               added.at("special").as_bool() ? control : user_defined);
+    if (pad_to > tokens.size()) place(static_cast<int64_t>(pad_to) - 1, "", unused);
+    if (pad_to > 0) tokens.back() = "[PAD" + std::to_string(tokens.size() - 1) + "]";
+    for (const std::string& content : unused_ones)
+        types[static_cast<std::size_t>(id_of(tokens, content))] = unused;
     std::vector<std::string> merges;
     for (const json::Value& merge : tokenizer.at("model").at("merges").as_array())
         merges.push_back(merge.is_string() ? merge.as_string()
@@ -243,6 +251,27 @@ TEST_CASE("a GGUF byte-level BPE tokenizer encodes as its tokenizer.json", "[ggu
             }
         }
     }
+}
+
+TEST_CASE("a GGUF tokenizer leaves its unused tokens out as its tokenizer.json has none",
+          "[gguf][tokenizer]") {
+    // convert_hf_to_gguf.py pads GPT-2's 50,257 tokens to the embedding's rows (here 50,304)
+    // with [PADn] tokens typed unused: the tokenizer.json has no such tokens, and llama.cpp
+    // prints nothing for them.
+    test::TempDir dir;
+    const std::filesystem::path folder = tokenizers / "gpt2";
+    test::write_file(dir / "padded.gguf", byte_level_gguf(folder, "gpt-2", 50304));
+    const auto padded = load_tokenizer(dir / "padded.gguf");
+    const auto hf = load_tokenizer(folder);
+    REQUIRE(hf->vocab_size() == 50257);
+    check_same_tokenizer(*padded, *hf, corpus(true, "<|endoftext|>"));
+    CHECK(padded->encode("[PAD50300][PAD50257]") == hf->encode("[PAD50300][PAD50257]"));
+    // An unused token that a merge makes ("Ġthe", from "Ġ t" then "Ġt he") stays: the merges
+    // need it.
+    test::write_file(dir / "merged.gguf", byte_level_gguf(folder, "gpt-2", 50304, {"\xC4\xA0the"}));
+    const auto merged = load_tokenizer(dir / "merged.gguf");
+    CHECK(merged->encode(" the cat") == hf->encode(" the cat"));
+    CHECK(merged->decode(hf->encode(" the cat")) == " the cat");
 }
 
 // The reference is sentencepiece itself, as llama.cpp follows it: Mistral's tokenizer.json
