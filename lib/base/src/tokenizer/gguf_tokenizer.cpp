@@ -162,11 +162,13 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     std::vector<int64_t> end_ids = {eos, token_id("tokenizer.ggml.eot_token_id"),
                                     token_id("tokenizer.ggml.eom_token_id")};
 
-    // Unused tokens ([PADn], which convert_hf_to_gguf.py writes up to the embedding's rows) are
-    // left out of the vocabulary, as they are absent from the tokenizer.json they came from: they
-    // decode to nothing (llama.cpp prints nothing for them either) and ids past the last token
-    // in use are past vocab_size(), as from the model's folder. One that a merge names or makes,
-    // or that the metadata names BOS, EOS or unknown, stays.
+    // Unused tokens are left out of the vocabulary. Most are the [PADn] tokens
+    // convert_hf_to_gguf.py writes up to the embedding's rows, absent from the tokenizer.json
+    // they came from: left out, they decode to nothing and ids past the last token in use are
+    // past vocab_size(), as from the model's folder. A sentencepiece model's own unused pieces
+    // decode to nothing too, as llama.cpp and kvtools' sentencepiece reader print them (Hugging
+    // Face's decode would print their text). One that a merge names or makes, or that the
+    // metadata names BOS, EOS or unknown, stays.
     const std::vector<std::string>* listed_merges =
         spm ? nullptr : file.strings("tokenizer.ggml.merges");
     auto named = [&](std::size_t id) {
@@ -193,19 +195,27 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     auto in_use = [&](std::size_t id) {
         return types[id] != unused || named(id) || merged.count((*tokens)[id]) > 0;
     };
-    std::string vocab_json = "{";
+    // `every_json`: the vocabulary with the unused tokens too, as kvtools built it before it
+    // left them out: the fingerprint is taken over it, so that packets baked from such a GGUF
+    // before are read as before (the ids of every text are the same: no text encodes to an
+    // unused token).
+    std::string vocab_json = "{", every_json = "{";
     std::string added_json = "[";
-    bool first_vocab = true, first_added = true;
+    bool first_vocab = true, first_every = true, first_added = true;
     for (std::size_t id = 0; id < count; ++id) {
-        if (!in_use(id)) continue;
         const std::string& token = (*tokens)[id];
+        const std::string entry = quote_json(token) + ":" + std::to_string(id);
+        every_json += first_every ? "" : ",";
+        first_every = false;
+        every_json += entry;
+        if (!in_use(id)) continue;
         const int64_t type = types[id];
         const bool added = type == control || type == user_defined || (spm && type == unknown);
-        // Every token is in the vocabulary (a later duplicate wins, as in llama.cpp's lookup);
-        // control and user-defined ones are also added tokens, matched in the text first.
+        // Every token in use is in the vocabulary (a later duplicate wins, as in llama.cpp's
+        // lookup); control and user-defined ones are also added tokens, matched in the text first.
         vocab_json += first_vocab ? "" : ",";
         first_vocab = false;
-        vocab_json += quote_json(token) + ":" + std::to_string(id);
+        vocab_json += entry;
         if (added) {
             added_json += first_added ? "" : ",";
             first_added = false;
@@ -217,6 +227,7 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
         }
     }
     vocab_json += "}";
+    every_json += "}";
     added_json += "]";
 
     std::string normalizer = "null", pre = "null", decoder, merges;
@@ -264,11 +275,12 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     add_bos = file.boolean("tokenizer.ggml.add_bos_token").value_or(add_bos);
     const bool add_eos = file.boolean("tokenizer.ggml.add_eos_token").value_or(false);
 
-    const std::string tokenizer_json = R"({"version":"1.0","added_tokens":)" + added_json +
-                                       R"(,"normalizer":)" + normalizer + R"(,"pre_tokenizer":)" +
-                                       pre + R"(,"post_processor":null,"decoder":)" + decoder +
-                                       R"(,"model":{"type":"BPE","vocab":)" + vocab_json +
-                                       R"(,"merges":)" + merges + model_options + "}}";
+    auto tokenizer_json = [&](const std::string& vocabulary) {
+        return R"({"version":"1.0","added_tokens":)" + added_json + R"(,"normalizer":)" +
+               normalizer + R"(,"pre_tokenizer":)" + pre + R"(,"post_processor":null,"decoder":)" +
+               decoder + R"(,"model":{"type":"BPE","vocab":)" + vocabulary + R"(,"merges":)" +
+               merges + model_options + "}}";
+    };
 
     // BOS, EOS and the end-of-generation ids by id, as the file gives them; add_bos and add_eos
     // decide what add_special_tokens puts around a text, the rule transformers applies to
@@ -288,7 +300,10 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
         if (id >= 0) end.push_back(id);
     model_config.set("eos_token_id", std::move(end));
     configs.model_config = std::move(model_config);
-    return load_hf_tokenizer_json(path, tokenizer_json, configs);
+    const std::string used = tokenizer_json(vocab_json);
+    const std::string every =
+        vocab_json.size() == every_json.size() ? std::string() : tokenizer_json(every_json);
+    return load_hf_tokenizer_json(path, used, configs, every.empty() ? used : every);
 }
 
 }  // namespace kv::tokenizer_detail

@@ -259,7 +259,8 @@ struct Segment {
 
 class HfBpeTokenizer final : public Tokenizer {
   public:
-    HfBpeTokenizer(const fs::path& path, std::string_view bytes, const ModelConfigs& configs)
+    HfBpeTokenizer(const fs::path& path, std::string_view bytes, const ModelConfigs& configs,
+                   std::string_view fingerprint_bytes = {})
         : where_(kv::quoted(path.string())) {
         Value root;
         try {
@@ -293,7 +294,7 @@ class HfBpeTokenizer final : public Tokenizer {
             // Both the file's own problems and the JSON accessors' type errors land here.
             throw FormatError("invalid tokenizer " + where_ + ": " + error.what());
         }
-        set_fingerprint(bytes);
+        set_fingerprint(fingerprint_bytes.empty() ? bytes : fingerprint_bytes);
     }
 
     int32_t vocab_size() const override { return static_cast<int32_t>(token_bytes_.size()); }
@@ -1096,8 +1097,9 @@ class HfBpeTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const fs::path& path, std::string bytes,
-                                                  const ModelConfigs& configs) {
-    return std::make_unique<HfBpeTokenizer>(path, bytes, configs);
+                                                  const ModelConfigs& configs,
+                                                  std::string_view fingerprint_bytes) {
+    return std::make_unique<HfBpeTokenizer>(path, bytes, configs, fingerprint_bytes);
 }
 
 }  // namespace kv::tokenizer_detail

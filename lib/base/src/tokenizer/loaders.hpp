@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kv/json.hpp"
 #include "kv/tokenizer.hpp"
@@ -33,8 +34,11 @@ std::string special_token_content(const json::Value* entry);
 std::vector<int32_t> config_token_ids(const json::Value* entry);
 
 std::unique_ptr<Tokenizer> load_llama2c(const std::filesystem::path& path, std::string bytes);
+/// `fingerprint_bytes`: what the fingerprint hashes in place of `bytes` (a GGUF's tokenizer.json
+/// as kvtools built it before leaving its unused tokens out); empty: `bytes`.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::filesystem::path& path,
-                                                  std::string bytes, const ModelConfigs& configs);
+                                                  std::string bytes, const ModelConfigs& configs,
+                                                  std::string_view fingerprint_bytes = {});
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::filesystem::path& path, std::string bytes,
                                               const ModelConfigs& configs);
 /// The tokenizer in a GGUF file's metadata (gguf_tokenizer.cpp).

@@ -259,7 +259,8 @@ TEST_CASE("a version-1 header's continuation that cannot be followed is refused"
     // group's version-1 header (at 96, messages from 112) continues at 112 (type 0x10, 16 bytes;
     // address, length) to the chunk at 800, whose first message continues to 39984. Version 1
     // has no signature and no checksum: a continuation in a chunk another led to cannot be a
-    // look-alike's bytes, one in the first chunk can (and HDF5 judges that one itself).
+    // look-alike's bytes, one in the first chunk can (its address and loops are left to HDF5;
+    // a length over 16 MiB past the file is refused in either).
     const std::vector<uint8_t> earliest = read_bytes(
         std::filesystem::path(KV_TEST_DATA_DIR) / "kvcache/good/0007_gzip_big_endian_earliest.kvc");
     REQUIRE(earliest.size() > 900);

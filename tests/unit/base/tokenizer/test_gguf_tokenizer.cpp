@@ -59,8 +59,8 @@ std::string byte_level_gguf(const std::filesystem::path& folder, const std::stri
     for (const json::Value& added : tokenizer.at("added_tokens").as_array())
         place(added.at("id").as_int(), added.at("content").as_string(),
               added.at("special").as_bool() ? control : user_defined);
-    if (pad_to > tokens.size()) place(static_cast<int64_t>(pad_to) - 1, "", unused);
-    if (pad_to > 0) tokens.back() = "[PAD" + std::to_string(tokens.size() - 1) + "]";
+    if (pad_to > tokens.size())
+        place(static_cast<int64_t>(pad_to) - 1, "[PAD" + std::to_string(pad_to - 1) + "]", unused);
     for (const std::string& content : unused_ones)
         types[static_cast<std::size_t>(id_of(tokens, content))] = unused;
     std::vector<std::string> merges;
@@ -260,18 +260,35 @@ TEST_CASE("a GGUF tokenizer leaves its unused tokens out as its tokenizer.json h
     // prints nothing for them.
     test::TempDir dir;
     const std::filesystem::path folder = tokenizers / "gpt2";
-    test::write_file(dir / "padded.gguf", byte_level_gguf(folder, "gpt-2", 50304));
-    const auto padded = load_tokenizer(dir / "padded.gguf");
     const auto hf = load_tokenizer(folder);
     REQUIRE(hf->vocab_size() == 50257);
+    auto gguf = [&](const std::string& name, std::size_t pad_to,
+                    const std::vector<std::string>& unused_ones) {
+        test::write_file(dir / name, byte_level_gguf(folder, "gpt-2", pad_to, unused_ones));
+        return load_tokenizer(dir / name);
+    };
+    const auto padded = gguf("padded.gguf", 50304, {});
     check_same_tokenizer(*padded, *hf, corpus(true, "<|endoftext|>"));
-    CHECK(padded->encode("[PAD50300][PAD50257]") == hf->encode("[PAD50300][PAD50257]"));
-    // An unused token that a merge makes ("Ġthe", from "Ġ t" then "Ġt he") stays: the merges
-    // need it.
-    test::write_file(dir / "merged.gguf", byte_level_gguf(folder, "gpt-2", 50304, {"\xC4\xA0the"}));
-    const auto merged = load_tokenizer(dir / "merged.gguf");
-    CHECK(merged->encode(" the cat") == hf->encode(" the cat"));
-    CHECK(merged->decode(hf->encode(" the cat")) == " the cat");
+    // Tokens the merges need stay, unused or not: one a merge makes and no merge uses
+    // ("Ġyesterday"), one merges use and none makes ("Ġ"); and BOS/EOS, which the metadata names.
+    const std::string text = " yesterday in the garden";
+    for (const std::string unused_one : {"\xC4\xA0yesterday", "\xC4\xA0", "<|endoftext|>"}) {
+        INFO(unused_one);
+        const auto kept = gguf("kept.gguf", 50304, {unused_one});
+        CHECK(kept->vocab_size() == hf->vocab_size());
+        CHECK(kept->bos_id() == hf->bos_id());
+        CHECK(kept->encode(text) == hf->encode(text));
+        CHECK(kept->decode(hf->encode(text)) == text);
+    }
+    // The fingerprint is over every token, as before they were left out (packets baked from a
+    // padded GGUF then are read now): another name for a [PADn] token is another fingerprint.
+    std::string renamed = byte_level_gguf(folder, "gpt-2", 50304);
+    const std::string pad = "[PAD50303]";
+    renamed.replace(renamed.find(pad), pad.size(), "[PAD50999]");
+    test::write_file(dir / "renamed.gguf", renamed);
+    const auto other = load_tokenizer(dir / "renamed.gguf");
+    CHECK(other->encode(text) == padded->encode(text));
+    CHECK(other->fingerprint() != padded->fingerprint());
 }
 
 // The reference is sentencepiece itself, as llama.cpp follows it: Mistral's tokenizer.json
