@@ -38,14 +38,20 @@ class LlamaCpp:
         self.flash = ["-fa"] if flash_attn else []
         self.suffix = "-fa" if flash_attn else ""
         self.gguf = self.work / "random-1b.gguf"
+        # Written under another name, then renamed: an interrupted run leaves no half file
+        # that later runs would take for whole.
         if not self.gguf.exists():
+            partial = self.gguf.with_suffix(".gguf.partial")
             tools.run(["/usr/bin/python3", ROOT / "tests" / "tools" / "to_gguf.py", model_folder,
-                       self.gguf, "--type", "bf16"])
+                       partial, "--type", "bf16"])
+            os.replace(partial, self.gguf)
         self.seed = self.work / f"seed{self.suffix}.bin"
         if not self.seed.exists():
             text = self.work / "seed.txt"
             text.write_text(self.context_text(SEED_TOKENS))
-            self.cli_run(text, self.seed, SEED_TOKENS + 1, keep_state=False)
+            partial = self.seed.with_suffix(".bin.partial")
+            self.cli_run(text, partial, SEED_TOKENS + 1, keep_state=False)
+            os.replace(partial, self.seed)
 
     @staticmethod
     def context_text(tokens):
@@ -81,7 +87,7 @@ class LlamaCpp:
         command = [str(self.cli), "-m", str(self.gguf), "-f", str(prompt), "-n", "1",
                    "--prompt-cache", str(state), "-no-cnv", "-t", str(self.threads),
                    "-c", str(context_size), "--temp", "0", "--log-prefix", "--log-timestamps",
-                   *self.flash] + (["--prompt-cache-ro"] if keep_state else [])
+                   "--no-display-prompt", *self.flash] + (["--prompt-cache-ro"] if keep_state else [])
         with tempfile.TemporaryFile() as log:
             started = time.perf_counter()
             process = subprocess.Popen(command, stdout=log, stderr=log)
@@ -96,9 +102,11 @@ class LlamaCpp:
 
     def serve(self, prompt, state, length):
         """One answer, its log read into bench-ttft's --stats fields: load (the model mapped and
-        its hyperparameters read), read (the session file into the cache), prefill (the
-        question), ttft (from the end of load to the first token's timings printed); the context's
-        creation (its cache allocated and cleared) and llama-cli's warm-up run fall in "rest"."""
+        its hyperparameters read), read (the session file into the cache, which llama.cpp clears
+        first), prefill (the question), ttft (from the end of load to the first token's timings
+        printed); the context's creation (its cache allocated and cleared), llama-cli's warm-up
+        run and its tokenizing the whole prompt (to compare it with the session's tokens) fall in
+        "rest". The prompt is not echoed (--no-display-prompt)."""
         text, wall, cpu = self.cli_run(prompt, state, length + 1 + 64)
         stamps = {}
         for line in text.splitlines():

@@ -7,8 +7,8 @@ and the runs behind it; docs/ quotes them beside the command that produced them.
 """
 import json
 import os
-import shlex
 import pathlib
+import shlex
 import sys
 
 from . import ROOT
