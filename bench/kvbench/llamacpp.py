@@ -80,11 +80,12 @@ class LlamaCpp:
         prompt.write_text(context.read_text() + question)
         return prompt, state
 
-    def cli_run(self, prompt, state, cells, keep_state=True):
-        """llama-cli answering `prompt` with one token from `state` (read only), or saving the
-        state of `prompt` (keep_state False). Returns its log, wall and CPU seconds."""
-        context_size = (cells + 64 + 255) // 256 * 256
-        command = [str(self.cli), "-m", str(self.gguf), "-f", str(prompt), "-n", "1",
+    def cli_run(self, prompt, state, cells, keep_state=True, tokens=1):
+        """llama-cli answering `prompt` with `tokens` tokens from `state` (read only), or saving
+        the state of `prompt` (keep_state False). Returns its log, wall and CPU seconds."""
+        context_size = (cells + tokens + 64 + 255) // 256 * 256
+        command = [str(self.cli), "-m", str(self.gguf), "-f", str(prompt), "-n", str(tokens),
+                   "--ignore-eos",
                    "--prompt-cache", str(state), "-no-cnv", "-t", str(self.threads),
                    "-c", str(context_size), "--temp", "0", "--log-prefix", "--log-timestamps",
                    "--no-display-prompt", *self.flash] + (["--prompt-cache-ro"] if keep_state else [])
@@ -150,3 +151,12 @@ class LlamaCpp:
             "wall_seconds": wall, "cpu_seconds": cpu,
             "answer": "(llama.cpp from a tiled state: not comparable)",
         }
+
+    def decode(self, prompt, state, length, tokens):
+        """Seconds per token of `tokens` decoded after the question (llama.cpp's "eval time"
+        over its runs: the tokens after the first, which the question's prefill gives)."""
+        text, _, _ = self.cli_run(prompt, state, length + 1 + 64, tokens=tokens)
+        found = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", text)
+        if not found or int(found.group(2)) == 0:
+            tools.fail("llama-cli's log lacks its eval time (expected c392e50's timings)")
+        return float(found.group(1)) / 1e3 / int(found.group(2))
