@@ -20,8 +20,25 @@ import time
 from . import ROOT, tools
 
 SEED_TOKENS = 256
+# Cache cells llama-cli gets beyond the context and the tokens it answers with: the question's.
+QUESTION_CELLS = 64
 # llama-cli --log-prefix --log-timestamps: "M.SS.mmm.uuu L message" (minutes, seconds, ...).
 STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) \w (.*)$")
+
+
+def add_arguments(parser):
+    """--llamacpp and --llamacpp-flash-attn, as the drivers that run llama.cpp take them."""
+    parser.add_argument("--llamacpp", help="llama.cpp's build folder (llama-cli, llama-tokenize): "
+                                           "llama.cpp's rows beside the builds' full attention")
+    parser.add_argument("--llamacpp-flash-attn", action="store_true", help="llama-cli -fa")
+
+
+def from_arguments(args, work, model_folder):
+    """The LlamaCpp that --llamacpp names, or None. `work` holds the packets' document
+    (doc.txt), whose text the contexts repeat."""
+    if not args.llamacpp:
+        return None
+    return LlamaCpp(args.llamacpp, work, model_folder, args.threads, args.llamacpp_flash_attn)
 
 
 class LlamaCpp:
@@ -32,6 +49,7 @@ class LlamaCpp:
             if not os.access(program, os.X_OK):
                 tools.fail(f"--llamacpp {folder}: no {program.name} there (build llama.cpp's "
                            "llama-cli and llama-tokenize targets)")
+        self.document = (pathlib.Path(work) / "doc.txt").read_text()
         self.work = pathlib.Path(work) / "llamacpp"
         self.work.mkdir(parents=True, exist_ok=True)
         self.threads = threads
@@ -53,12 +71,10 @@ class LlamaCpp:
             self.cli_run(text, partial, SEED_TOKENS + 1, keep_state=False)
             os.replace(partial, self.seed)
 
-    @staticmethod
-    def context_text(tokens):
-        """bench-ttft's document repeated and cut to `tokens` characters: one token each for the
+    def context_text(self, tokens):
+        """The packets' document repeated and cut to `tokens` characters: one token each for the
         1B shape's byte-level tokenizer (checked in prepare)."""
-        line = "A short document whose packet lends its model description.\n"
-        return (line * (tokens // len(line) + 1))[:tokens]
+        return (self.document * (tokens // len(self.document) + 1))[:tokens]
 
     def prepare(self, length, question):
         """The prompt file (context and question) and the session file of the context."""
@@ -83,7 +99,7 @@ class LlamaCpp:
     def cli_run(self, prompt, state, cells, keep_state=True, tokens=1):
         """llama-cli answering `prompt` with `tokens` tokens from `state` (read only), or saving
         the state of `prompt` (keep_state False). Returns its log, wall and CPU seconds."""
-        context_size = (cells + tokens + 64 + 255) // 256 * 256
+        context_size = (cells + tokens + QUESTION_CELLS + 255) // 256 * 256
         command = [str(self.cli), "-m", str(self.gguf), "-f", str(prompt), "-n", str(tokens),
                    "--ignore-eos",
                    "--prompt-cache", str(state), "-no-cnv", "-t", str(self.threads),
@@ -108,7 +124,7 @@ class LlamaCpp:
         printed); the context's creation (its cache allocated and cleared), llama-cli's warm-up
         run and its tokenizing the whole prompt (to compare it with the session's tokens) fall in
         "rest". The prompt is not echoed (--no-display-prompt)."""
-        text, wall, cpu = self.cli_run(prompt, state, length + 1 + 64)
+        text, wall, cpu = self.cli_run(prompt, state, length + 1)
         stamps = {}
         for line in text.splitlines():
             match = STAMP.match(line)
@@ -155,7 +171,7 @@ class LlamaCpp:
     def decode(self, prompt, state, length, tokens):
         """Seconds per token of `tokens` decoded after the question (llama.cpp's "eval time"
         over its runs: the tokens after the first, which the question's prefill gives)."""
-        text, _, _ = self.cli_run(prompt, state, length + 1 + 64, tokens=tokens)
+        text, _, _ = self.cli_run(prompt, state, length + 1, tokens=tokens)
         found = re.search(r"\beval time =\s+([\d.]+) ms /\s+(\d+) runs", text)
         if not found or int(found.group(2)) == 0:
             tools.fail("llama-cli's log lacks its eval time (expected c392e50's timings)")

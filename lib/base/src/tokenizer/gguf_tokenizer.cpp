@@ -195,19 +195,24 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     auto in_use = [&](std::size_t id) {
         return types[id] != unused || named(id) || merged.count((*tokens)[id]) > 0;
     };
-    // `every_json`: the vocabulary with the unused tokens too, as kvtools built it before it
-    // left them out: the fingerprint is taken over it, so that packets baked from such a GGUF
-    // before are read as before (the ids of every text are the same: no text encodes to an
-    // unused token).
+    bool leaves_out = false;
+    for (std::size_t id = 0; id < count && !leaves_out; ++id)
+        leaves_out = !in_use(id);
+    // `every_json`, where tokens are left out: the vocabulary with them, as kvtools built it
+    // before it left them out: the fingerprint is taken over it, so that packets baked from
+    // such a GGUF before are read as before (the ids of every text are the same: no text
+    // encodes to an unused token).
     std::string vocab_json = "{", every_json = "{";
     std::string added_json = "[";
     bool first_vocab = true, first_every = true, first_added = true;
     for (std::size_t id = 0; id < count; ++id) {
         const std::string& token = (*tokens)[id];
         const std::string entry = quote_json(token) + ":" + std::to_string(id);
-        every_json += first_every ? "" : ",";
-        first_every = false;
-        every_json += entry;
+        if (leaves_out) {
+            every_json += first_every ? "" : ",";
+            first_every = false;
+            every_json += entry;
+        }
         if (!in_use(id)) continue;
         const int64_t type = types[id];
         const bool added = type == control || type == user_defined || (spm && type == unknown);
@@ -301,9 +306,8 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path
     model_config.set("eos_token_id", std::move(end));
     configs.model_config = std::move(model_config);
     const std::string used = tokenizer_json(vocab_json);
-    const std::string every =
-        vocab_json.size() == every_json.size() ? std::string() : tokenizer_json(every_json);
-    return load_hf_tokenizer_json(path, used, configs, every.empty() ? used : every);
+    return load_hf_tokenizer_json(path, used, configs,
+                                  leaves_out ? tokenizer_json(every_json) : std::string());
 }
 
 }  // namespace kv::tokenizer_detail

@@ -260,7 +260,7 @@ struct Segment {
 class HfBpeTokenizer final : public Tokenizer {
   public:
     HfBpeTokenizer(const fs::path& path, std::string_view bytes, const ModelConfigs& configs,
-                   std::string_view fingerprint_bytes = {})
+                   std::string_view fingerprint_bytes)
         : where_(kv::quoted(path.string())) {
         Value root;
         try {

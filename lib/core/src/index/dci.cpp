@@ -867,7 +867,7 @@ void DciIndex::restore_from(const KeyReader& read, int64_t count, const DciLayou
             rows, head_dim_, key_at, [&](int64_t) { return direction_.data(); }, along.data());
         for (int64_t i = 0; i < rows; ++i) {
             const std::size_t token = static_cast<std::size_t>(first + i);
-            const float* key = buffer.data() + i * head_dim_;
+            const float* key = key_at(i);
             if (keep_keys) keys_.insert(keys_.end(), key, key + head_dim_);
             squared_norm_.push_back(norms[static_cast<std::size_t>(i)]);
             projection_value_[token] =
