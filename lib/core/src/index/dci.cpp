@@ -71,6 +71,28 @@ void prefetch_range(const void* data, int64_t bytes) {
 
 }  // namespace
 
+std::pair<std::size_t, std::size_t> nearest_in_projection(std::span<const float> projections,
+                                                          float target, std::size_t wanted) {
+    const std::size_t count = projections.size();
+    if (wanted >= count) return {0, count};
+    // The run starts within `wanted` of target's place. Moving it one to the right trades its
+    // first value for the one after its end, which the merge does unless the first is strictly
+    // nearer; that holds from some start on (the values are sorted), found by bisection. (A
+    // merge outward one value at a time, as M-DCI walks, cost a mispredicted branch per value:
+    // a quarter of expanding a point at 131k tokens.)
+    const auto split = static_cast<std::size_t>(
+        std::lower_bound(projections.begin(), projections.end(), target) - projections.begin());
+    std::size_t low = split > wanted ? split - wanted : 0, high = std::min(split, count - wanted);
+    while (low < high) {
+        const std::size_t middle = low + (high - low) / 2;
+        if (target - projections[middle] < projections[middle + wanted] - target)
+            high = middle;
+        else
+            low = middle + 1;
+    }
+    return {low, low + wanted};
+}
+
 std::vector<float> dci_projection(int64_t head_dim, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<double> normal(0.0, 1.0);
@@ -1068,20 +1090,8 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
 
     // The `wanted` children nearest in projection to `target`: a run [left, right) of them.
     auto nearest_run = [&](float target, std::size_t wanted) {
-        const auto count = static_cast<std::size_t>(children);
-        std::size_t left = 0, right = count;
-        if (wanted < count) {
-            right = static_cast<std::size_t>(
-                std::lower_bound(projections, projections + count, target) - projections);
-            left = right;
-            while (right - left < wanted) {
-                const bool take_left =
-                    right >= count ||
-                    (left > 0 && target - projections[left - 1] < projections[right] - target);
-                take_left ? --left : ++right;
-            }
-        }
-        return std::pair(left, right);
+        return nearest_in_projection({projections, static_cast<std::size_t>(children)}, target,
+                                     wanted);
     };
 
     // Scores the children of `owner` nearest each of `members`' queries in projection (all of

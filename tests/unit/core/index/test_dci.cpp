@@ -370,6 +370,40 @@ TEST_CASE("queries walked together get what each gets alone", "[dci]") {
         }
 }
 
+TEST_CASE("the children nearest in projection are the run a merge outward picks", "[dci]") {
+    // The reference: M-DCI's walk, one value at a time from target's place, the nearer first
+    // and the right one at equal distances. Values and targets on a coarse grid, so that ties
+    // are common, and Gaussian ones; runs wanted from 1 to more than there are.
+    auto merged = [](const std::vector<float>& values, float target, std::size_t wanted) {
+        const std::size_t count = values.size();
+        if (wanted >= count) return std::pair<std::size_t, std::size_t>(0, count);
+        std::size_t right = static_cast<std::size_t>(
+            std::lower_bound(values.begin(), values.end(), target) - values.begin());
+        std::size_t left = right;
+        while (right - left < wanted) {
+            const bool take_left =
+                right >= count || (left > 0 && target - values[left - 1] < values[right] - target);
+            take_left ? --left : ++right;
+        }
+        return std::pair(left, right);
+    };
+    std::mt19937_64 rng(61);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int round = 0; round < 20000; ++round) {
+        const std::size_t count = 1 + rng() % 150;
+        const bool grid = round % 2 == 0;
+        std::vector<float> values(count);
+        for (float& value : values)
+            value = grid ? static_cast<float>(static_cast<int>(rng() % 20) - 10) : normal(rng);
+        std::sort(values.begin(), values.end());
+        const float target = grid ? 0.5f * static_cast<float>(static_cast<int>(rng() % 48) - 24)
+                                  : 1.3f * normal(rng);
+        const std::size_t wanted = 1 + rng() % (count + 2);
+        CAPTURE(round, count, target, wanted);
+        REQUIRE(nearest_in_projection(values, target, wanted) == merged(values, target, wanted));
+    }
+}
+
 TEST_CASE("a query wanting more pages than exist widens instead of failing", "[dci]") {
     const std::vector<float> keys = clustered_keys(2000, 8, 18);
     DciIndex index(dim, random_direction(19));

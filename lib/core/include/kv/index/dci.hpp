@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kv {
@@ -79,6 +80,12 @@ struct KeyStorage {
     std::function<void(int64_t offset, int64_t count, float* out)> read;
     bool bf16_keys = false;  ///< keys stored as bf16 (head_dim even); exact for bf16 keys only
 };
+
+/// The run [first, last) of the `wanted` values of sorted `projections` nearest `target`: what
+/// a merge outward from target's place picks, the nearer value first and, at equal distances,
+/// the one on the right (M-DCI's walk over a cell's children). All of them when fewer.
+std::pair<std::size_t, std::size_t> nearest_in_projection(std::span<const float> projections,
+                                                          float target, std::size_t wanted);
 
 /// The floats a KeyStorage of `count` tokens needs.
 int64_t dci_storage_floats(int64_t count, int64_t head_dim, bool bf16_keys);
