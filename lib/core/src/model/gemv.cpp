@@ -47,26 +47,35 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 widen_bf16x16(const ui
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
 
+// 16 values of a row as float32: bf16 widened exactly, float32 as they are.
+template <typename Weight>
+__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const Weight* p) {
+    if constexpr (std::is_same_v<Weight, uint16_t>)
+        return widen_bf16x16(p);
+    else
+        return _mm512_loadu_ps(p);
+}
+
 // Four rows at a time share each load of x; the tail columns are done in scalar code.
-__attribute__((target("avx512f,avx512bw"))) void rows_avx512_bf16(const uint16_t* weights,
-                                                                  const float* x, float* y,
-                                                                  int64_t begin, int64_t end,
-                                                                  int64_t columns) {
+template <typename Weight>
+__attribute__((target("avx512f,avx512bw"))) void rows_avx512(const Weight* weights, const float* x,
+                                                             float* y, int64_t begin, int64_t end,
+                                                             int64_t columns) {
     const int64_t vector_columns = columns & ~int64_t{15};
     int64_t n = begin;
     for (; n + 4 <= end; n += 4) {
-        const uint16_t* r0 = weights + n * columns;
-        const uint16_t* r1 = r0 + columns;
-        const uint16_t* r2 = r1 + columns;
-        const uint16_t* r3 = r2 + columns;
+        const Weight* r0 = weights + n * columns;
+        const Weight* r1 = r0 + columns;
+        const Weight* r2 = r1 + columns;
+        const Weight* r3 = r2 + columns;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
                a3 = _mm512_setzero_ps();
         for (int64_t k = 0; k < vector_columns; k += 16) {
             const __m512 xv = _mm512_loadu_ps(x + k);
-            a0 = _mm512_fmadd_ps(widen_bf16x16(r0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(widen_bf16x16(r1 + k), xv, a1);
-            a2 = _mm512_fmadd_ps(widen_bf16x16(r2 + k), xv, a2);
-            a3 = _mm512_fmadd_ps(widen_bf16x16(r3 + k), xv, a3);
+            a0 = _mm512_fmadd_ps(load16(r0 + k), xv, a0);
+            a1 = _mm512_fmadd_ps(load16(r1 + k), xv, a1);
+            a2 = _mm512_fmadd_ps(load16(r2 + k), xv, a2);
+            a3 = _mm512_fmadd_ps(load16(r3 + k), xv, a3);
         }
         const int64_t tail = columns - vector_columns;
         y[n] =
@@ -131,39 +140,6 @@ std::vector<uint16_t> to_bf16(const float* x, int64_t count) {
     return result;
 }
 
-__attribute__((target("avx512f"))) void rows_avx512_f32(const float* weights, const float* x,
-                                                        float* y, int64_t begin, int64_t end,
-                                                        int64_t columns) {
-    const int64_t vector_columns = columns & ~int64_t{15};
-    int64_t n = begin;
-    for (; n + 4 <= end; n += 4) {
-        const float* r0 = weights + n * columns;
-        const float* r1 = r0 + columns;
-        const float* r2 = r1 + columns;
-        const float* r3 = r2 + columns;
-        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
-               a3 = _mm512_setzero_ps();
-        for (int64_t k = 0; k < vector_columns; k += 16) {
-            const __m512 xv = _mm512_loadu_ps(x + k);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(r0 + k), xv, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(r1 + k), xv, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(r2 + k), xv, a2);
-            a3 = _mm512_fmadd_ps(_mm512_loadu_ps(r3 + k), xv, a3);
-        }
-        const int64_t tail = columns - vector_columns;
-        y[n] =
-            _mm512_reduce_add_ps(a0) + dot_portable(r0 + vector_columns, x + vector_columns, tail);
-        y[n + 1] =
-            _mm512_reduce_add_ps(a1) + dot_portable(r1 + vector_columns, x + vector_columns, tail);
-        y[n + 2] =
-            _mm512_reduce_add_ps(a2) + dot_portable(r2 + vector_columns, x + vector_columns, tail);
-        y[n + 3] =
-            _mm512_reduce_add_ps(a3) + dot_portable(r3 + vector_columns, x + vector_columns, tail);
-    }
-    for (; n < end; ++n)
-        y[n] = dot_portable(weights + n * columns, x, columns);
-}
-
 // The horizontal sums of 16 vectors as one vector (lane n: the sum of v[n]): pairs of vectors
 // folded within 128-bit lanes, then the lanes of four folded into each other, a few shuffles
 // for 16 sums where 16 separate reductions cost a chain each.
@@ -191,14 +167,6 @@ __attribute__((target("avx512f"))) inline __m512 sums16(const __m512* v) {
 // Many short rows against one x (an index scoring a point's children): 16 rows at a time,
 // their sums folded together (sums16), for columns a multiple of 16. bf16 rows are widened
 // exactly, so that they give the bits float32 rows of the same values give.
-template <typename Weight>
-__attribute__((target("avx512f,avx512bw"))) inline __m512 load16(const Weight* p) {
-    if constexpr (std::is_same_v<Weight, uint16_t>)
-        return widen_bf16x16(p);
-    else
-        return _mm512_loadu_ps(p);
-}
-
 template <typename Weight>
 __attribute__((target("avx512f,avx512bw"))) void many_rows_avx512(const Weight* rows,
                                                                   const float* x, float* y,
@@ -407,10 +375,7 @@ void dot_rows(const Weight* rows, const float* x, float* y, int64_t count, int64
             }
             [[fallthrough]];
         case Isa::avx512:
-            if constexpr (std::is_same_v<Weight, uint16_t>)
-                return rows_avx512_bf16(rows, x, y, 0, count, columns);
-            else
-                return rows_avx512_f32(rows, x, y, 0, count, columns);
+            return rows_avx512<Weight>(rows, x, y, 0, count, columns);
         case Isa::avx2:
             return rows_avx2<Weight>(rows, x, y, 0, count, columns);
         case Isa::portable:
@@ -874,7 +839,7 @@ void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, 
                           int64_t c) { rows_avx512_dpbf16(w, rounded, out, b, e, c); });
         }
         case Isa::avx512:
-            return run_rows(weights, x, y, rows, columns, rows_avx512_bf16);
+            return run_rows(weights, x, y, rows, columns, rows_avx512<uint16_t>);
         case Isa::avx2:
             return run_rows(weights, x, y, rows, columns, rows_avx2<uint16_t>);
         case Isa::portable:
@@ -983,7 +948,7 @@ void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int6
     switch (isa) {
         case Isa::avx512_bf16:
         case Isa::avx512:
-            return run_rows(weights, x, y, rows, columns, rows_avx512_f32);
+            return run_rows(weights, x, y, rows, columns, rows_avx512<float>);
         case Isa::avx2:
             return run_rows(weights, x, y, rows, columns, rows_avx2<float>);
         case Isa::portable:
