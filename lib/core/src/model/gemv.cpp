@@ -42,6 +42,13 @@ float dot_portable(const Weight* row, const float* x, int64_t columns) {
     return sum;
 }
 
+template <typename Weight>
+void rows_portable(const Weight* weights, const float* x, float* y, int64_t begin, int64_t end,
+                   int64_t columns) {
+    for (int64_t n = begin; n < end; ++n)
+        y[n] = dot_portable(weights + n * columns, x, columns);
+}
+
 __attribute__((target("avx512f,avx512bw"))) inline __m512 widen_bf16x16(const uint16_t* p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -379,8 +386,7 @@ void dot_rows(const Weight* rows, const float* x, float* y, int64_t count, int64
         case Isa::avx2:
             return rows_avx2<Weight>(rows, x, y, 0, count, columns);
         case Isa::portable:
-            for (int64_t n = 0; n < count; ++n)
-                y[n] = dot_portable(rows + n * columns, x, columns);
+            return rows_portable(rows, x, y, 0, count, columns);
     }
 }
 
@@ -407,6 +413,20 @@ void run_rows(const Weight* weights, const float* x, float* y, int64_t rows, int
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
         kernel(weights, x, y, begin, end, columns);
     });
+}
+
+// gemv over weights widened to float32 as they are read, on the rows' threads.
+template <typename Weight>
+void gemv_widened(const Weight* weights, const float* x, float* y, int64_t rows, int64_t columns) {
+    switch (isa) {
+        case Isa::avx512_bf16:
+        case Isa::avx512:
+            return run_rows(weights, x, y, rows, columns, rows_avx512<Weight>);
+        case Isa::avx2:
+            return run_rows(weights, x, y, rows, columns, rows_avx2<Weight>);
+        case Isa::portable:
+            return run_rows(weights, x, y, rows, columns, rows_portable<Weight>);
+    }
 }
 
 // attend_rows' blocks: 256 keys (32 KiB of bf16 rows of 64) are read by every query row while
@@ -829,27 +849,14 @@ void attend_rows_typed(const Weight* keys, const Weight* values, const float* qu
 }  // namespace
 
 void gemv_bf16(const uint16_t* weights, const float* x, float* y, int64_t rows, int64_t columns) {
-    switch (isa) {
-        case Isa::avx512_bf16: {
-            const std::vector<uint16_t> x_bf16 = to_bf16(x, columns);
-            const uint16_t* rounded = x_bf16.data();
-            return run_rows(
-                weights, x, y, rows, columns,
-                [rounded](const uint16_t* w, const float*, float* out, int64_t b, int64_t e,
-                          int64_t c) { rows_avx512_dpbf16(w, rounded, out, b, e, c); });
-        }
-        case Isa::avx512:
-            return run_rows(weights, x, y, rows, columns, rows_avx512<uint16_t>);
-        case Isa::avx2:
-            return run_rows(weights, x, y, rows, columns, rows_avx2<uint16_t>);
-        case Isa::portable:
-            return run_rows(
-                weights, x, y, rows, columns,
-                [](const uint16_t* w, const float* v, float* out, int64_t b, int64_t e, int64_t c) {
-                    for (int64_t n = b; n < e; ++n)
-                        out[n] = dot_portable(w + n * c, v, c);
-                });
+    if (isa == Isa::avx512_bf16) {
+        const std::vector<uint16_t> x_bf16 = to_bf16(x, columns);
+        const uint16_t* rounded = x_bf16.data();
+        return run_rows(weights, x, y, rows, columns,
+                        [rounded](const uint16_t* w, const float*, float* out, int64_t b, int64_t e,
+                                  int64_t c) { rows_avx512_dpbf16(w, rounded, out, b, e, c); });
     }
+    gemv_widened(weights, x, y, rows, columns);
 }
 
 namespace {
@@ -945,20 +952,7 @@ void gemm_few_bf16(const uint16_t* weights, const float* x, float* y, int64_t to
 }
 
 void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int64_t columns) {
-    switch (isa) {
-        case Isa::avx512_bf16:
-        case Isa::avx512:
-            return run_rows(weights, x, y, rows, columns, rows_avx512<float>);
-        case Isa::avx2:
-            return run_rows(weights, x, y, rows, columns, rows_avx2<float>);
-        case Isa::portable:
-            return run_rows(
-                weights, x, y, rows, columns,
-                [](const float* w, const float* v, float* out, int64_t b, int64_t e, int64_t c) {
-                    for (int64_t n = b; n < e; ++n)
-                        out[n] = dot_portable(w + n * c, v, c);
-                });
-    }
+    gemv_widened(weights, x, y, rows, columns);
 }
 
 void dot_rows_bf16(const uint16_t* rows, const float* x, float* y, int64_t count, int64_t columns) {
