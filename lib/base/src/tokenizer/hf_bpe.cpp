@@ -12,13 +12,13 @@
 #include <array>
 #include <mutex>
 #include <optional>
-#include <queue>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "../utf8.hpp"
 #include "kv/error.hpp"
 #include "loaders.hpp"
+#include "pair_merges.hpp"
 #include "unicode.hpp"
 
 namespace kv::tokenizer_detail {
@@ -993,55 +993,13 @@ class HfBpeTokenizer final : public Tokenizer {
         flush_unk();
         if (symbols.size() < 2 || merges_.empty()) return symbols;
 
-        const size_t n = symbols.size();
-        std::vector<int32_t> next(n), previous(n);
-        for (size_t i = 0; i < n; ++i) {
-            next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
-            previous[i] = static_cast<int32_t>(i) - 1;
-        }
-        struct Candidate {
-            int32_t rank;
-            int32_t left;
-            int32_t right;
-            int32_t merged_id;
-        };
-        auto worse = [](const Candidate& a, const Candidate& b) {
-            return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
-        };
-        std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
-        auto consider = [&](int32_t left, int32_t right) {
-            if (left < 0 || right < 0) return;
-            auto it = merges_.find(pair_key(symbols[left], symbols[right]));
-            if (it != merges_.end()) heap.push({it->second.rank, left, right, it->second.id});
-        };
-        for (size_t i = 0; i + 1 < n; ++i) {
-            consider(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
-        }
-        std::vector<bool> removed(n, false);
-        while (!heap.empty()) {
-            Candidate best = heap.top();
-            heap.pop();
-            if (removed[best.left] || removed[best.right] || next[best.left] != best.right) {
-                continue;
-            }
-            // A stale entry: one side has merged since, so the pair now makes something else.
-            auto it = merges_.find(pair_key(symbols[best.left], symbols[best.right]));
-            if (it == merges_.end() || it->second.id != best.merged_id ||
-                it->second.rank != best.rank) {
-                continue;
-            }
-            symbols[best.left] = best.merged_id;
-            removed[best.right] = true;
-            next[best.left] = next[best.right];
-            if (next[best.right] >= 0) previous[next[best.right]] = best.left;
-            consider(previous[best.left], best.left);
-            consider(best.left, next[best.left]);
-        }
-        size_t kept = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (!removed[i]) symbols[kept++] = symbols[i];
-        }
-        symbols.resize(kept);
+        // Lower ranks merge first: the priority is the rank negated.
+        merge_pairs<int32_t>(symbols, [&](int32_t left, int32_t right) {
+            std::optional<PairMerge<int32_t>> merge;
+            if (auto it = merges_.find(pair_key(left, right)); it != merges_.end())
+                merge = PairMerge<int32_t>{-it->second.rank, it->second.id};
+            return merge;
+        });
         return symbols;
     }
 

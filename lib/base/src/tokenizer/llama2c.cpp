@@ -6,11 +6,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <queue>
+#include <optional>
 #include <unordered_map>
 
 #include "kv/error.hpp"
 #include "loaders.hpp"
+#include "pair_merges.hpp"
 
 namespace kv::tokenizer_detail {
 
@@ -168,59 +169,18 @@ class Llama2cTokenizer final : public Tokenizer {
     // token (the leftmost on a tie). The same choice comes out of a heap of candidate pairs over
     // a linked list, in O(n log n) instead of O(n^2) per text.
     void merge_pairs(std::vector<int32_t>& ids) const {
-        const size_t n = ids.size();
-        std::vector<int32_t> next(n), previous(n);
-        for (size_t i = 0; i < n; ++i) {
-            next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
-            previous[i] = static_cast<int32_t>(i) - 1;
-        }
-        struct Candidate {
-            float score;
-            int32_t left;  // position in the original sequence, which keeps run.c's tie order
-            int32_t right;
-            int32_t left_id;
-            int32_t right_id;
-            int32_t merged_id;
-        };
-        auto worse = [](const Candidate& a, const Candidate& b) {
-            if (a.score != b.score) return a.score < b.score;
-            return a.left > b.left;
-        };
-        std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
         std::string joined;
-        auto consider = [&](int32_t left, int32_t right) {
-            if (left < 0 || right < 0) return;
-            joined = c_string(ids[left]);
-            joined += c_string(ids[right]);
-            int32_t merged = lookup(joined);
+        tokenizer_detail::merge_pairs<float>(ids, [&](int32_t left, int32_t right) {
+            std::optional<tokenizer_detail::PairMerge<float>> merge;
+            joined = c_string(left);
+            joined += c_string(right);
+            const int32_t merged = lookup(joined);
             // run.c starts its search at -1e10, so pieces scored at or below never merge.
-            if (merged < 0 || !(scores_[static_cast<size_t>(merged)] > -1e10f)) return;
-            heap.push(
-                {scores_[static_cast<size_t>(merged)], left, right, ids[left], ids[right], merged});
-        };
-        for (size_t i = 0; i + 1 < n; ++i) {
-            consider(static_cast<int32_t>(i), static_cast<int32_t>(i + 1));
-        }
-        std::vector<bool> removed(n, false);
-        while (!heap.empty()) {
-            Candidate best = heap.top();
-            heap.pop();
-            bool still_adjacent = !removed[best.left] && !removed[best.right] &&
-                                  next[best.left] == best.right && ids[best.left] == best.left_id &&
-                                  ids[best.right] == best.right_id;
-            if (!still_adjacent) continue;
-            ids[best.left] = best.merged_id;
-            removed[best.right] = true;
-            next[best.left] = next[best.right];
-            if (next[best.right] >= 0) previous[next[best.right]] = best.left;
-            consider(previous[best.left], best.left);
-            consider(best.left, next[best.left]);
-        }
-        size_t kept = 0;
-        for (size_t i = 0; i < n; ++i) {
-            if (!removed[i]) ids[kept++] = ids[i];
-        }
-        ids.resize(kept);
+            if (merged >= 0 && scores_[static_cast<size_t>(merged)] > -1e10f)
+                merge = tokenizer_detail::PairMerge<float>{scores_[static_cast<size_t>(merged)],
+                                                           merged};
+            return merge;
+        });
     }
 
     std::filesystem::path path_;
