@@ -50,6 +50,19 @@ for answer in ahead + alone:
     answer.get("stats", {}).pop("read_ahead", None)
 print("the same lines with --read-ahead 0:", ahead == alone)
 PY
+# Neither read ahead nor kept (--read-ahead 0 --cache-memory 0): each packet read straight into
+# the question's cache, as a question alone reads it; the same answers.
+serve --requests requests.jsonl --read-ahead 0 --cache-memory 0 > answers-direct.jsonl
+/usr/bin/python3 - <<'PY'
+import json
+def texts(path):
+    return [(a["id"], a.get("text"), a.get("stats", {}).get("generated_tokens"), "error" in a)
+            for a in map(json.loads, open(path))]
+direct = [json.loads(line) for line in open("answers-direct.jsonl")]
+print("read in place, none from memory:",
+      all(a["stats"]["packets_from_memory"] == 0 for a in direct if "stats" in a),
+      "; the same answers:", texts("answers-direct.jsonl") == texts("answers-0.jsonl"))
+PY
 # The same questions one process each: the same text.
 /usr/bin/python3 - > alone.sh <<'PY'
 import json, shlex

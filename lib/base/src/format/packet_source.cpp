@@ -68,6 +68,18 @@ std::shared_ptr<const CacheReader> PacketCache::store(const std::filesystem::pat
     return reader;
 }
 
+bool PacketCache::keeps(const CacheReader& store, const PacketInfo& info) const {
+    const std::lock_guard lock(mutex_);
+    if (entries_.count(Key{&store, info.id})) return true;
+    // packet() keeps no packet whose memory (packet_memory) exceeds the capacity; this much of
+    // it is known before reading: the packet itself, its id, keys and values and a position per
+    // stored token.
+    const int64_t at_least = static_cast<int64_t>(sizeof(Packet) + info.id.size()) +
+                             packet_tensor_bytes(store.model(), info.stored_length) +
+                             info.stored_length * static_cast<int64_t>(sizeof(int64_t));
+    return at_least <= capacity_;
+}
+
 SourcedPacket PacketCache::packet(const std::shared_ptr<const CacheReader>& store,
                                   const std::string& id) {
     SourcedPacket sourced;

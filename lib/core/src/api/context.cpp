@@ -58,7 +58,7 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
             // the packet in between cost as much memory again, each page faulted in and zeroed
             // (a 32k-token packet of a 1B model: 1 GiB, most of the time it took to read).
             const bool by_plane = cache.offloaded();
-            const bool in_place = !by_plane && !packets.keeps_packets() &&
+            const bool in_place = !by_plane && !packets.keeps(reader, info) &&
                                   can_read_into_cache(reader, info.id, cache);
             if (in_place && cache.length() == 0 && add_bos) {
                 // BOS goes first: whether the packet starts with it is known before its rows

@@ -87,8 +87,16 @@ TEST_CASE("a packet cache of no memory keeps nothing, nor does a direct source",
     kv::DirectPacketSource direct;
     const auto opened = direct.store(dir / "a.kvc");
     CHECK(direct.store(dir / "a.kvc") == opened);  // once while it lives (one question)
-    CHECK_FALSE(direct.keeps_packets());
-    CHECK(none.keeps_packets());
+    // Whether a caller may read a packet straight to where it goes: never kept here.
+    const kv::PacketInfo info = store->packet_info("x");
+    CHECK_FALSE(direct.keeps(*opened, info));
+    CHECK_FALSE(none.keeps(*store, info));
+    // A cache with room keeps it; one no larger than its keys and values does not (the packet
+    // takes more: its positions, its id).
+    const int64_t tensors = kv::packet_tensor_bytes(model, info.stored_length);
+    kv::PacketCache roomy(tensors * 4), tight(tensors);
+    CHECK(roomy.keeps(*roomy.store(dir / "a.kvc"), info));
+    CHECK_FALSE(tight.keeps(*tight.store(dir / "a.kvc"), info));
     const kv::SourcedPacket sourced = direct.packet(opened, "x");
     CHECK_FALSE(sourced.kept);
     CHECK(sourced.packet->stored_length() == 5);

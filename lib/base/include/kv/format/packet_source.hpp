@@ -35,10 +35,10 @@ class PacketSource {
     /// CacheReader::read does (FormatError naming the id when the store has no such packet).
     virtual SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                                  const std::string& id) = 0;
-    /// Whether it keeps the packets it reads for later: where it does not, a caller may read
-    /// a packet's keys and values straight to where they are used (CacheReader::read_into)
-    /// instead of through packet().
-    virtual bool keeps_packets() const = 0;
+    /// Whether it holds packet `info` of `store` (one this source gave) or would keep it for
+    /// later: where not, a caller may read the packet's keys and values straight to where they
+    /// are used (CacheReader::read_into) instead of through packet().
+    virtual bool keeps(const CacheReader& store, const PacketInfo& info) const = 0;
 };
 
 /// Opens each store once (kept open while the source lives: one question, which may ask for a
@@ -50,7 +50,7 @@ class DirectPacketSource final : public PacketSource {
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
-    bool keeps_packets() const override { return false; }
+    bool keeps(const CacheReader&, const PacketInfo&) const override { return false; }
 
   private:
     int read_threads_;
@@ -73,7 +73,9 @@ class PacketCache final : public PacketSource {
     std::shared_ptr<const CacheReader> store(const std::filesystem::path& file) override;
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override;
-    bool keeps_packets() const override { return true; }
+    /// True for a packet kept now, or one that may fit the capacity (packet() keeps it unless
+    /// its memory turns out larger).
+    bool keeps(const CacheReader& store, const PacketInfo& info) const override;
 
     struct Stats {
         int64_t stores = 0;        ///< opened
