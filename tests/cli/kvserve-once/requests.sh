@@ -52,7 +52,9 @@ print("the same lines with --read-ahead 0:", ahead == alone)
 PY
 # Neither read ahead nor kept (--read-ahead 0 --cache-memory 0): each packet read straight into
 # the question's cache, as a question alone reads it; the same answers.
-serve --requests requests.jsonl --read-ahead 0 --cache-memory 0 > answers-direct.jsonl
+# The job's totals count them (they never pass through its cache of packets).
+serve --requests requests.jsonl --read-ahead 0 --cache-memory 0 --stats totals-direct.json \
+    > answers-direct.jsonl
 /usr/bin/python3 - <<'PY'
 import json
 def texts(path):
@@ -62,6 +64,11 @@ direct = [json.loads(line) for line in open("answers-direct.jsonl")]
 print("read in place, none from memory:",
       all(a["stats"]["packets_from_memory"] == 0 for a in direct if "stats" in a),
       "; the same answers:", texts("answers-direct.jsonl") == texts("answers-0.jsonl"))
+totals = json.load(open("totals-direct.json"))
+answered = [a["stats"] for a in direct if "stats" in a]
+print("totals:", totals["packets_read"], "packets,",
+      totals["packets_read"] == sum(s["packets_read"] for s in answered),
+      totals["cache_bytes_read"] == sum(s["cache_bytes_read"] for s in answered))
 PY
 # The same questions one process each: the same text.
 /usr/bin/python3 - > alone.sh <<'PY'

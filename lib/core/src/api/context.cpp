@@ -80,6 +80,8 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 sourced.packet = std::make_shared<Packet>(
                     read_packet_into_cache(model.rope(), reader, info.id, cache));
                 sourced.bytes_read = packet_tensor_bytes(reader.model(), info.stored_length);
+                ++assembled.packets_read_in_place;
+                assembled.bytes_read_in_place += sourced.bytes_read;
             } else {
                 sourced = packets.packet(shared_reader, info.id);
             }

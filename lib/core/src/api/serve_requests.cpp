@@ -395,7 +395,7 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
     std::optional<ReadAheadThread> read_ahead;
     if (options.read_ahead > 0 && defaults.offload != "disk") read_ahead.emplace(packets, defaults);
     KeptBetweenQuestions kept;  // from the last question, for the next one
-    int64_t disk_packets_read = 0, disk_bytes_read = 0;
+    int64_t uncached_packets_read = 0, uncached_bytes_read = 0;
     const auto start = Clock::now();
     RequestLines lines(input);
     struct Waiting {
@@ -436,16 +436,20 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
         report.read_ahead += result.read_ahead;
         report.seconds = seconds_since(start);
         // Offloaded to disk, a request's packets are copied from their files plane by plane and
-        // never pass through the PacketCache: its own counts are the only record of them.
+        // never pass through the PacketCache, nor do those read straight into its cache: its own
+        // counts are the only record of them.
         if (result.ok && result.stats.offload == "disk") {
-            disk_packets_read += result.stats.packets_read;
-            disk_bytes_read += result.stats.cache_bytes_read;
+            uncached_packets_read += result.stats.packets_read;
+            uncached_bytes_read += result.stats.cache_bytes_read;
+        } else if (result.ok) {
+            uncached_packets_read += result.stats.packets_read_in_place;
+            uncached_bytes_read += result.stats.bytes_read_in_place;
         }
         const PacketCache::Stats kept = packets.stats();
         report.stores = kept.stores;
-        report.packets_read = kept.misses + disk_packets_read;
+        report.packets_read = kept.misses + uncached_packets_read;
         report.packets_from_memory = kept.hits;
-        report.bytes_read = kept.bytes_read + disk_bytes_read;
+        report.bytes_read = kept.bytes_read + uncached_bytes_read;
         report.packets_evicted = kept.evictions;
         report.kept_bytes = kept.kept_bytes;
         report.peak_kept_bytes = kept.peak_bytes;
