@@ -80,8 +80,6 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                 sourced.packet = std::make_shared<Packet>(
                     read_packet_into_cache(model.rope(), reader, info.id, cache));
                 sourced.bytes_read = packet_tensor_bytes(reader.model(), info.stored_length);
-                ++assembled.packets_read_in_place;
-                assembled.bytes_read_in_place += sourced.bytes_read;
             } else {
                 sourced = packets.packet(shared_reader, info.id);
             }
@@ -99,9 +97,14 @@ AssembledContext assemble_packets(const Model& model, const Tokenizer& tokenizer
                     return shared_reader->read_index_layout(id, layer, head, segment);
                 };
             assembled.read_seconds += since(read_start);
-            assembled.bytes_read +=
+            const int64_t bytes_read =
                 by_plane ? packet_tensor_bytes(reader.model(), packet.stored_length())
                          : sourced.bytes_read;
+            assembled.bytes_read += bytes_read;
+            if (by_plane || in_place) {
+                ++assembled.packets_read_directly;
+                assembled.bytes_read_directly += bytes_read;
+            }
             const bool starts_with_bos =
                 !packet.token_ids.empty() && packet.token_ids.front() == tokenizer.bos_id();
             if (cache.length() == 0 && add_bos && !starts_with_bos && !in_place) {

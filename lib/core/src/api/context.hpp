@@ -36,8 +36,9 @@ struct AssembledContext {
     double append_seconds = 0;        ///< realigning packets in memory into the cache
     int64_t packets_from_memory = 0;  ///< packets the source kept from earlier questions
     int64_t packets_read = 0;         ///< packets read from their files
-    /// Of those, read straight into the cache, not through the source (bytes: of those).
-    int64_t packets_read_in_place = 0, bytes_read_in_place = 0;
+    /// Of those, read straight into the cache (in place or plane by plane), not through the
+    /// source; with the keys and values read for them.
+    int64_t packets_read_directly = 0, bytes_read_directly = 0;
 };
 
 /// Appends the packets of `caches` (FILE or FILE:ID each) to `cache`, checking that every file

@@ -261,8 +261,8 @@ void Session::assemble_packets() {
     stats_.cache_bytes_read = assembled_.bytes_read;
     stats_.packets_read = assembled_.packets_read;
     stats_.packets_from_memory = assembled_.packets_from_memory;
-    stats_.packets_read_in_place = assembled_.packets_read_in_place;
-    stats_.bytes_read_in_place = assembled_.bytes_read_in_place;
+    stats_.packets_read_directly = assembled_.packets_read_directly;
+    stats_.bytes_read_directly = assembled_.bytes_read_directly;
     if (assembled_.bos_added) streamer_->push(tokenizer_.bos_id());
     // Adapter soft tokens (id -1) have no text.
     for (int32_t id : assembled_.tokens)

@@ -435,15 +435,12 @@ RequestsReport serve_requests(const ServeOptions& defaults, std::istream& input,
         ++(result.ok ? report.answered : report.failed);
         report.read_ahead += result.read_ahead;
         report.seconds = seconds_since(start);
-        // Offloaded to disk, a request's packets are copied from their files plane by plane and
-        // never pass through the PacketCache, nor do those read straight into its cache: its own
-        // counts are the only record of them.
-        if (result.ok && result.stats.offload == "disk") {
-            uncached_packets_read += result.stats.packets_read;
-            uncached_bytes_read += result.stats.cache_bytes_read;
-        } else if (result.ok) {
-            uncached_packets_read += result.stats.packets_read_in_place;
-            uncached_bytes_read += result.stats.bytes_read_in_place;
+        // Packets read straight into a request's cache (in place, or plane by plane offloaded
+        // to disk) never pass through the PacketCache: the request's counts are the only record
+        // of them.
+        if (result.ok) {
+            uncached_packets_read += result.stats.packets_read_directly;
+            uncached_bytes_read += result.stats.bytes_read_directly;
         }
         const PacketCache::Stats kept = packets.stats();
         report.stores = kept.stores;

@@ -92,9 +92,10 @@ struct ServeStats {
     int64_t packets_read = 0;      ///< packets read from their files
     /// Packets taken from memory instead, kept since an earlier request (serve_requests).
     int64_t packets_from_memory = 0;
-    /// Of packets_read and cache_bytes_read, those read straight into the cache: with
-    /// --requests, the packets that never pass through its PacketCache (not in --stats).
-    int64_t packets_read_in_place = 0, bytes_read_in_place = 0;
+    /// Of packets_read and cache_bytes_read, those read straight into the cache (in place, or
+    /// plane by plane when offloaded): with --requests, the packets that never pass through its
+    /// PacketCache (not in --stats).
+    int64_t packets_read_directly = 0, bytes_read_directly = 0;
     double cache_load_seconds = 0;  ///< reading them (included in time to first token)
     /// Where the time to first token went, besides load_seconds and cache_load_seconds: from the
     /// process's start to serving (the program and its libraries loading), opening the cache
