@@ -14,7 +14,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <unordered_map>
 
 namespace kv {
 
@@ -208,8 +207,7 @@ int64_t DciIndex::pages_below(int32_t point) const {
 int32_t DciIndex::owner_index(int32_t point) const {
     if (point < 0) return 0;
     if (!in_place()) return owner_[static_cast<std::size_t>(point)];
-    const auto found = owner_of_point_.find(point);
-    return found != owner_of_point_.end() ? found->second : -1;
+    return owner_of_point_.find(point);
 }
 
 // Deterministic promotion, M-DCI's rule (construct_new_tree with random = false, which its
@@ -746,12 +744,13 @@ void DciIndex::restore_in_place(const KeyReader& read, int64_t count, const DciL
         slots.children = next - slots.first_slot;
     };
     lay_out(0);
-    owner_of_point_.clear();
+    std::vector<std::pair<int32_t, int32_t>> owners;
     for (std::size_t point = 0; point < n; ++point)
         if (owner_[point] >= 0) {
-            owner_of_point_.emplace(static_cast<int32_t>(point), owner_[point]);
+            owners.emplace_back(static_cast<int32_t>(point), owner_[point]);
             lay_out(static_cast<std::size_t>(owner_[point]));
         }
+    owner_of_point_.assign(owners);
     if (storage.bf16_keys && head_dim_ % 2 != 0)
         throw UsageError("dci: bf16 keys need an even head_dim");
     if (!storage.floats) {
