@@ -2,10 +2,12 @@
 
 #include "kv/error.hpp"
 
-#include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 
 namespace kv {
 
@@ -40,6 +42,42 @@ double Sampler::next_uniform() {
     return static_cast<double>(z >> 11) * 0x1.0p-53;
 }
 
+namespace {
+
+// Keys in ascending order, a byte at a time from the lowest (LSD radix), passing over the
+// bytes every key shares (a vocabulary's indexes leave the top ones empty).
+void sort_keys(std::vector<uint64_t>& keys, std::vector<uint64_t>& scratch) {
+    std::array<std::array<uint32_t, 256>, 8> counts{};
+    for (uint64_t key : keys)
+        for (int digit = 0; digit < 8; ++digit)
+            ++counts[static_cast<std::size_t>(digit)][(key >> (8 * digit)) & 0xff];
+    scratch.resize(keys.size());
+    for (int digit = 0; digit < 8; ++digit) {
+        std::array<uint32_t, 256>& next = counts[static_cast<std::size_t>(digit)];
+        if (keys.empty() || next[(keys.front() >> (8 * digit)) & 0xff] == keys.size()) continue;
+        uint32_t offset = 0;
+        for (uint32_t& slot : next)
+            offset += std::exchange(slot, offset);
+        for (uint64_t key : keys)
+            scratch[next[(key >> (8 * digit)) & 0xff]++] = key;
+        keys.swap(scratch);
+    }
+}
+
+// A weight's key: its bits inverted above the token's index. Weights are >= 0 (exponentials),
+// whose bits order as their values, so ascending keys are descending weights, ties by token.
+uint64_t candidate_key(float weight, std::size_t token) {
+    return uint64_t{~std::bit_cast<uint32_t>(weight)} << 32 | static_cast<uint32_t>(token);
+}
+float weight_of(uint64_t key) {
+    return std::bit_cast<float>(~static_cast<uint32_t>(key >> 32));
+}
+int32_t token_of(uint64_t key) {
+    return static_cast<int32_t>(static_cast<uint32_t>(key));
+}
+
+}  // namespace
+
 int32_t Sampler::sample(std::span<const float> logits) {
     if (options_.temperature == 0.0) return argmax(logits);
     const float max_logit = logits[static_cast<std::size_t>(argmax(logits))];
@@ -47,26 +85,24 @@ int32_t Sampler::sample(std::span<const float> logits) {
     double total = 0.0;
     for (std::size_t i = 0; i < logits.size(); ++i) {
         const double weight = std::exp((logits[i] - max_logit) / options_.temperature);
-        candidates_.emplace_back(static_cast<float>(weight), static_cast<int32_t>(i));
+        candidates_.push_back(candidate_key(static_cast<float>(weight), i));
         total += weight;
     }
-    std::sort(candidates_.begin(), candidates_.end(), [](const auto& a, const auto& b) {
-        return a.first > b.first || (a.first == b.first && a.second < b.second);
-    });
+    sort_keys(candidates_, scratch_);
     // The nucleus: the fewest most likely tokens whose mass reaches top_p.
     double kept = 0.0;
     std::size_t nucleus = 0;
     while (nucleus < candidates_.size()) {
-        kept += candidates_[nucleus].first;
+        kept += weight_of(candidates_[nucleus]);
         ++nucleus;
         if (kept >= options_.top_p * total) break;
     }
     double target = next_uniform() * kept;
     for (std::size_t i = 0; i < nucleus; ++i) {
-        target -= candidates_[i].first;
-        if (target < 0) return candidates_[i].second;
+        target -= weight_of(candidates_[i]);
+        if (target < 0) return token_of(candidates_[i]);
     }
-    return candidates_[nucleus - 1].second;
+    return token_of(candidates_[nucleus - 1]);
 }
 
 }  // namespace kv

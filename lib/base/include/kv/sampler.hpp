@@ -28,7 +28,10 @@ class Sampler {
     SamplerOptions options_;
     uint64_t seed_;
     uint64_t state_;
-    std::vector<std::pair<float, int32_t>> candidates_;
+    // Each token as one key, the bits of its weight inverted above its index: ascending keys
+    // are the tokens from the most likely down, ties by index (a sort of the vocabulary's
+    // (weight, token) pairs was ~16 ms of a 1B model's token, 128k pairs).
+    std::vector<uint64_t> candidates_, scratch_;
 };
 
 /// Index of the largest value, the first one on ties (as llama2.c's argmax).
