@@ -201,12 +201,11 @@ class RequestPackets final : public PacketSource {
     SourcedPacket packet(const std::shared_ptr<const CacheReader>& store,
                          const std::string& id) override {
         take_ahead();
-        for (auto at = ahead_.packets.begin(); at != ahead_.packets.end(); ++at)
-            if (at->first.first == store.get() && at->first.second == id) {
-                SourcedPacket packet = std::move(at->second);
-                ahead_.packets.erase(at);
-                return packet;
-            }
+        if (const std::size_t at = read_ahead_index(*store, id); at < ahead_.packets.size()) {
+            SourcedPacket packet = std::move(ahead_.packets[at].second);
+            ahead_.packets.erase(ahead_.packets.begin() + static_cast<std::ptrdiff_t>(at));
+            return packet;
+        }
         return cache_.packet(store, id);
     }
     // A packet neither read ahead nor kept for later (--cache-memory 0, or a packet larger than
@@ -214,9 +213,8 @@ class RequestPackets final : public PacketSource {
     // packet of its own, a 32k packet of a 1B shape took 1 GiB of fresh memory and a copy
     // (0.2-1.4 s more to the first token on this machine).
     bool keeps(const CacheReader& store, const PacketInfo& info) const override {
-        for (const auto& [key, packet] : ahead_.packets)
-            if (key.first == &store && key.second == info.id) return true;
-        return cache_.keeps(store, info);
+        return read_ahead_index(store, info.id) < ahead_.packets.size() ||
+               cache_.keeps(store, info);
     }
 
     bool read_ahead() const { return read_ahead_; }
@@ -224,6 +222,14 @@ class RequestPackets final : public PacketSource {
     double waited_seconds() const { return waited_; }
 
   private:
+    // Where the packet `id` of `store` is among those read ahead; their count when it is not.
+    std::size_t read_ahead_index(const CacheReader& store, const std::string& id) const {
+        std::size_t at = 0;
+        while (at < ahead_.packets.size() &&
+               (ahead_.packets[at].first.first != &store || ahead_.packets[at].first.second != id))
+            ++at;
+        return at;
+    }
     void take_ahead() {
         if (!pending_) return;
         const auto start = Clock::now();
