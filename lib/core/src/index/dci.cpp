@@ -1194,8 +1194,8 @@ std::vector<DciQueryResult> DciIndex::query_group(std::span<const float* const> 
             while (keep < current.size() &&
                    (covered < options.pages || static_cast<int64_t>(keep) < field_of_view)) {
                 if (keep == ordered) {
-                    const std::size_t next =
-                        std::min(current.size(), ordered + std::max<std::size_t>(view, 1));
+                    // view >= 1 here: the field of view is at least 1, and current holds one.
+                    const std::size_t next = std::min(current.size(), ordered + view);
                     if (next < current.size())
                         std::nth_element(at(ordered), at(next), at(current.size()),
                                          std::greater<>());

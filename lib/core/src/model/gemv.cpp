@@ -94,8 +94,7 @@ __attribute__((target("avx512f,avx512bw"))) void rows_avx512(const Weight* weigh
         y[n + 3] =
             _mm512_reduce_add_ps(a3) + dot_portable(r3 + vector_columns, x + vector_columns, tail);
     }
-    for (; n < end; ++n)
-        y[n] = dot_portable(weights + n * columns, x, columns);
+    rows_portable(weights, x, y, n, end, columns);
 }
 
 // x as bf16 (exact when it came from bf16 activations): one vdpbf16ps per 32 weights replaces
@@ -212,6 +211,16 @@ __attribute__((target("avx512f,avx512bw"))) void many_rows_avx512(const Weight* 
     std::copy_n(sums, count - n, y + n);
 }
 
+// 8 values of a row as float32 (load16's AVX2 twin): bf16 widened exactly, float32 as they are.
+template <typename Weight>
+__attribute__((target("avx2,fma"))) inline __m256 load8(const Weight* p) {
+    if constexpr (std::is_same_v<Weight, uint16_t>)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    else
+        return _mm256_loadu_ps(p);
+}
+
 __attribute__((target("avx2,fma"))) float reduce_avx2(__m256 v) {
     const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
@@ -225,17 +234,8 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Weight* weights, const 
     for (int64_t n = begin; n < end; ++n) {
         const Weight* row = weights + n * columns;
         __m256 a = _mm256_setzero_ps();
-        for (int64_t k = 0; k < vector_columns; k += 8) {
-            __m256 w;
-            if constexpr (std::is_same_v<Weight, uint16_t>)
-                w = _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))),
-                    16));
-            else
-                w = _mm256_loadu_ps(row + k);
-            a = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + k), a);
-        }
+        for (int64_t k = 0; k < vector_columns; k += 8)
+            a = _mm256_fmadd_ps(load8(row + k), _mm256_loadu_ps(x + k), a);
         y[n] = reduce_avx2(a) +
                dot_portable(row + vector_columns, x + vector_columns, columns - vector_columns);
     }
@@ -301,15 +301,8 @@ __attribute__((target("avx2,fma"))) void accumulate_avx2(const Weight* rows, con
         const Weight* row = rows + n * columns;
         const __m256 weight = _mm256_set1_ps(weights[n]);
         for (int64_t d = 0; d < vector_columns; d += 8) {
-            __m256 values;
-            if constexpr (std::is_same_v<Weight, uint16_t>)
-                values = _mm256_castsi256_ps(_mm256_slli_epi32(
-                    _mm256_cvtepu16_epi32(
-                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + d))),
-                    16));
-            else
-                values = _mm256_loadu_ps(row + d);
-            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(values, weight, _mm256_loadu_ps(out + d)));
+            _mm256_storeu_ps(out + d,
+                             _mm256_fmadd_ps(load8(row + d), weight, _mm256_loadu_ps(out + d)));
         }
         for (int64_t d = vector_columns; d < columns; ++d)
             out[d] += weights[n] * as_float(row[d]);
