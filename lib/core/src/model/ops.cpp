@@ -219,6 +219,33 @@ bool use_few_tokens_kernel(const torch::Tensor& x, const torch::Tensor& weight) 
            gemm_few_bf16_fits(x.size(0), weight.size(1));
 }
 
+// Many tokens through bf16 weights where libtorch's bf16 matmul is slow (widen_bf16_matmuls):
+// the weights widened a block of rows at a time (16 MiB of float32), each block through
+// libtorch's float32 matmul, the products rounded back to the input's dtype as .to() rounds.
+bool use_widened_matmul(const torch::Tensor& x, const torch::Tensor& weight) {
+    return own_kernel_may_serve(x, weight) && weight.scalar_type() == torch::kBFloat16 &&
+           widen_bf16_matmuls();
+}
+
+torch::Tensor widened_matmul(const torch::Tensor& x, const torch::Tensor& weight) {
+    const int64_t tokens = x.size(0), rows = weight.size(0), columns = weight.size(1);
+    const torch::Tensor input = x.to(torch::kFloat32).contiguous();
+    const torch::Tensor output = torch::empty({tokens, rows}, torch::kFloat32);
+    const int64_t block = std::clamp<int64_t>((int64_t{16} << 20) / (columns * 4), 1, rows);
+    const torch::Tensor wide = torch::empty({block, columns}, torch::kFloat32);
+    const auto* bf16 = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+    for (int64_t begin = 0; begin < rows; begin += block) {
+        const int64_t count = std::min(block, rows - begin);
+        float* target = wide.data_ptr<float>();
+        at::parallel_for(0, count, 64, [&](int64_t first, int64_t last) {
+            widen_bf16(bf16 + (begin + first) * columns, target + first * columns,
+                       (last - first) * columns);
+        });
+        output.narrow(1, begin, count).copy_(torch::mm(input, wide.narrow(0, 0, count).t()));
+    }
+    return output.to(x.scalar_type());
+}
+
 }  // namespace
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -266,6 +293,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
         } else {
             y = torch::from_blob(out, {tokens, rows}, torch::kFloat32).to(x.scalar_type());
         }
+    } else if (use_widened_matmul(x, weight)) {
+        y = widened_matmul(x, weight);
     } else if (x.dim() == 2 && x.size(0) == 1) {
         y = torch::mv(weight, x.select(0, 0)).unsqueeze(0);
     } else {

@@ -168,7 +168,7 @@ TEST_CASE("linear's own kernels give bf16 tokens the bits of libtorch's conversi
     for (int64_t tokens : {1, 5}) {
         const torch::Tensor x = torch::randn({tokens, 64}).to(torch::kBFloat16);
         if (tokens > 1 && !kv::gemm_few_bf16_fits(tokens, 64)) {
-            WARN("no AVX512-BF16: the few-token kernel is not used here");
+            WARN("neither AVX-512 nor AVX2: the few-token kernel is not used here");
             continue;
         }
         const torch::Tensor got = kv::linear(x, weight, {}, /*after_context=*/true);
@@ -205,7 +205,7 @@ TEST_CASE("gemv over many rows gives each row the bits of that row alone, near f
             CHECK(std::memcmp(all.data(), one.data(), all.size() * sizeof(float)) == 0);
             // The float64 reference of the products of the bf16 weights and x as the kernel
             // rounds it (with AVX512-BF16) or as it is (without): within float32's sums.
-            const torch::Tensor x_used = kv::gemm_few_bf16_fits(1, 32)
+            const torch::Tensor x_used = std::string(kv::gemv_isa()) == "avx512-bf16"
                                              ? x.to(torch::kBFloat16).to(torch::kFloat64)
                                              : x.to(torch::kFloat64);
             const torch::Tensor reference = torch::mv(weight.to(torch::kFloat64), x_used);
@@ -697,15 +697,17 @@ TEST_CASE("tiled causal self-attention and its gradients match float64 autograd"
             const double tiled_error = max_abs_difference(tiled[i], expected[i]);
             const double general_error = max_abs_difference(general[i], expected[i]);
             INFO("tiled " << tiled_error << ", general " << general_error);
-            // Within two bf16 steps of the largest value, as the general path is. dK and dV sum
-            // one bf16 product per tile where the general path rounds one product over every
-            // query: a few more roundings, of partial sums.
+            // Within two bf16 steps of the largest value, as the general path is where libtorch's
+            // bf16 products are computed with AVX-512 (oneDNN). dK and dV sum one bf16 product
+            // per tile where the general path rounds one product over every query: a few more
+            // roundings, of partial sums. On a CPU without AVX-512 libtorch's own bf16 products
+            // land further away (dK 0.23 from float64 where two steps are 0.03, on an AVX2-only
+            // CPU): there the tiled path is to be no further than they are.
             double largest = 0;
             for (double value : expected[i])
                 largest = std::max(largest, std::abs(value));
             INFO("largest " << largest);
-            CHECK(general_error <= largest / 128);
-            CHECK(tiled_error <= largest / 128);
+            CHECK(tiled_error <= std::max(largest / 128, general_error));
         }
     }
     SECTION("the same bits whatever the number of threads") {
@@ -797,7 +799,9 @@ TEST_CASE("prefill attention by tiles: the last queries of a cache view, against
         const double general_error = max_abs_difference(to_vector(general), want);
         const double tiled_error = max_abs_difference(to_vector(got), want);
         INFO("tiled " << tiled_error << ", general " << general_error);
-        CHECK(general_error < 0.01);
+        // libtorch's bf16 products depend on the CPU: under 0.01 from float64 with AVX-512
+        // (oneDNN), 0.018 on an AVX2-only CPU.
+        CHECK(general_error < 0.03);
         CHECK(tiled_error <= 1.25 * general_error);
     }
     SECTION("what it refuses") {
@@ -934,25 +938,32 @@ TEST_CASE("the gemv kernels match the float64 reference for f32 and bf16 weights
 TEST_CASE("a few tokens through bf16 weights: each token's bits are one-token decoding's",
           "[ops][gemv]") {
     if (!kv::gemm_few_bf16_fits(2, 32)) {
-        WARN("no AVX512-BF16 here: the few-tokens kernel is not used (linear takes libtorch's)");
+        WARN(
+            "neither AVX-512 nor AVX2 here: the few-tokens kernel is not used (linear takes "
+            "libtorch's)");
         return;
     }
-    // Rows by 4 and left over, blocks of rows (2048 columns: 32 rows a block), tokens by 4 and
-    // left over, the most tokens the kernel takes.
+    // Rows by 4 and left over, blocks of rows (2048 columns: 32 rows a block with AVX512-BF16,
+    // 16 widened), tokens by 4 and left over, the most tokens the kernel takes; a width with a
+    // vector tail where the kernels take it (widening, not the dot-product instruction).
     for (auto [tokens, rows, columns] : {std::tuple<int64_t, int64_t, int64_t>{2, 5, 32},
                                          {9, 37, 256},
                                          {4, 640, 256},
                                          {22, 256, 640},
-                                         {kv::max_few_tokens, 70, 2048}}) {
+                                         {kv::max_few_tokens, 70, 2048},
+                                         {3, 9, 44}}) {
         CAPTURE(tokens, rows, columns);
+        if (!kv::gemm_few_bf16_fits(tokens, columns)) continue;
         const torch::Tensor weight = random_tensor({rows, columns}, 30).to(torch::kBFloat16);
         const torch::Tensor x = random_tensor({tokens, columns}, 31).to(torch::kBFloat16);
         torch::NoGradGuard no_grad;
         const torch::Tensor got =
             kv::linear(x, weight, {}, /*after_context=*/true).to(torch::kFloat32);
         // Not after a context (a document's tokens), the rows take libtorch's matmul, whatever
-        // their number: a document has the same bits alone as in a batch.
-        CHECK(torch::equal(kv::linear(x, weight), torch::matmul(x, weight.t())));
+        // their number: a document has the same bits alone as in a batch. (Where bf16 matmuls
+        // are widened, its float32 one: the test below.)
+        if (!kv::widen_bf16_matmuls())
+            CHECK(torch::equal(kv::linear(x, weight), torch::matmul(x, weight.t())));
         for (int64_t t = 0; t < tokens; ++t)
             CHECK(
                 torch::equal(got[t], kv::linear(x.narrow(0, t, 1), weight)[0].to(torch::kFloat32)));
@@ -968,13 +979,43 @@ TEST_CASE("a few tokens through bf16 weights: each token's bits are one-token de
             }
         CHECK(worst < 1e-2);  // the output's rounding to bf16
     }
-    // Outside what it takes, it refuses rather than computing something else.
+    // Outside what it takes, it refuses rather than computing something else: more tokens, and
+    // with the dot-product instruction widths not a multiple of 32 (the kernels that widen the
+    // weights take any width).
     CHECK_FALSE(kv::gemm_few_bf16_fits(kv::max_few_tokens + 1, 32));
-    CHECK_FALSE(kv::gemm_few_bf16_fits(2, 48));
     std::vector<uint16_t> weights(48);
     std::vector<float> in(96), out(4);
-    CHECK_THROWS_AS(kv::gemm_few_bf16(weights.data(), in.data(), out.data(), 2, 2, 48),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        kv::gemm_few_bf16(weights.data(), in.data(), out.data(), kv::max_few_tokens + 1, 2, 48),
+        std::invalid_argument);
+    if (std::string(kv::gemv_isa()) == "avx512-bf16") {
+        CHECK_FALSE(kv::gemm_few_bf16_fits(2, 48));
+        CHECK_THROWS_AS(kv::gemm_few_bf16(weights.data(), in.data(), out.data(), 2, 2, 48),
+                        std::invalid_argument);
+    }
+}
+
+TEST_CASE("many tokens through bf16 weights, widened where libtorch's bf16 matmul is slow",
+          "[ops][gemv]") {
+    // A document's tokens: 3,000 rows of 1,400 columns are 3 blocks of 16 MiB widened (1,198
+    // rows each) and a partial one; a few tokens and many, bf16 and float32 inputs.
+    const torch::Tensor weight = (random_tensor({3000, 1400}, 40) * 0.05).to(torch::kBFloat16);
+    for (int64_t tokens : {2, 70, 300}) {
+        for (torch::ScalarType dtype : {torch::kBFloat16, torch::kFloat32}) {
+            CAPTURE(tokens, dtype == torch::kBFloat16);
+            const torch::Tensor x = random_tensor({tokens, 1400}, 41).to(dtype);
+            torch::NoGradGuard no_grad;
+            const torch::Tensor got = kv::linear(x, weight);
+            CHECK(got.scalar_type() == dtype);
+            const torch::Tensor want =
+                torch::matmul(x.to(torch::kFloat64), weight.to(torch::kFloat64).t());
+            // float32 sums of 1,400 products; bf16 outputs rounded once (2^-9 of the value).
+            const double relative = dtype == torch::kBFloat16 ? 1.0 / 256 : 1e-5;
+            const torch::Tensor error =
+                (got.to(torch::kFloat64) - want).abs() - relative * want.abs();
+            CHECK(error.max().item<double>() < 1e-4);
+        }
+    }
 }
 
 TEST_CASE("the kernel for many short rows matches the float64 reference", "[ops][gemv]") {

@@ -18,8 +18,10 @@ void gemv_f32(const float* weights, const float* x, float* y, int64_t rows, int6
 /// A few tokens through bf16 weights (a short question's prefill): y[t * rows + n] = sum_k
 /// weights[n][k] * x[t * columns + k] for t < tokens, with the weights read from memory once
 /// for all of them (blocks of rows kept in L2 while every token goes over them), each output
-/// the same bits as gemv_bf16 gives that token alone. Only where gemm_few_bf16_fits: the CPU has
-/// AVX512-BF16, 1 to max_few_tokens tokens, columns a multiple of 32; throws otherwise.
+/// the same bits as gemv_bf16 gives that token alone. Only where gemm_few_bf16_fits: 1 to
+/// max_few_tokens tokens on a CPU with AVX-512 or AVX2, and with AVX512-BF16 columns a multiple
+/// of 32 (without it, each block of rows is widened to float32 once for all the tokens); throws
+/// otherwise.
 inline constexpr int64_t max_few_tokens = 64;
 bool gemm_few_bf16_fits(int64_t tokens, int64_t columns);
 void gemm_few_bf16(const uint16_t* weights, const float* x, float* y, int64_t tokens, int64_t rows,
@@ -65,7 +67,7 @@ void accumulate_rows(StoredRows rows, const float* weights, float* out, int64_t 
 void attend_rows(StoredRows keys, StoredRows values, const float* queries, int64_t count,
                  const int64_t* visible, int64_t columns, float scale, float* out);
 /// x[n] = expf(x[n] - shift) for n < count, in place, with the bits of glibc's expf (2.27 and
-/// later) on AVX-512, where 16 lanes go at once in its arithmetic; expf itself elsewhere.
+/// later): on AVX-512 16 lanes and on AVX2 8 go at once in its arithmetic; expf itself elsewhere.
 void exp_shifted_in_place(float* x, int64_t count, float shift);
 /// scores[n] = softmax(scale * scores)[n] for n < count, in place: the maximum in float, the
 /// exponentials in float, their sum in double. One-token attention in memory and streamed from
@@ -74,5 +76,10 @@ void softmax_scaled_in_place(float* scores, int64_t count, float scale);
 
 /// The instruction set the kernels use here: "avx512-bf16", "avx512", "avx2" or "portable".
 const char* gemv_isa();
+
+/// Whether bf16 matrix products are better done in float32 here: libtorch 1.13 has oneDNN's bf16
+/// kernels only with AVX-512; without it, its own bf16 gemm took a 1B model's 16-token question
+/// 29 s (~1.4 GFLOP/s) on 2 AVX2 cores, and its products lie further from float64.
+bool widen_bf16_matmuls();
 
 }  // namespace kv
