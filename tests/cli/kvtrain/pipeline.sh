@@ -3,7 +3,8 @@
 . "$KV_CLI_LIB"
 require_h5py
 # The adapter's fingerprint below is that of AVX512-BF16 arithmetic: oneDNN's AMX kernels round
-# bf16 products differently, so on a CPU with AMX tiles the trained adapter (and its hash) differs.
+# bf16 products differently, so on a CPU with AMX tiles the trained adapter (and its hash) differs;
+# on AVX2 (pipeline.stdout.exact.avx2) the products are float32 ones.
 export DNNL_MAX_CPU_ISA=AVX512_CORE_BF16
 kvtasks niah --tokens 256 --count 2 --documents 3 --seed 5 -o data.jsonl
 kvtrain -m "$demo" --data data.jsonl --epochs 1 --batch 2 --header 4 --trailer 2 \
