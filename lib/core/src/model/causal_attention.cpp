@@ -6,11 +6,12 @@
 // masked gradients): ~90% of a training step (libtorch profiler, demo model, 8 x 2,048 tokens),
 // the matrix products ~6%. Here each task takes one kv head and a block of queries with its whole
 // query group: the products of the keys the block may see (a prefix: causal by index) run in the
-// inputs' dtype (bf16's are ~3x faster here than float32's, and the general path rounded its
-// scores to bf16 too), the softmax of each row in float32 in two fused passes
-// (attention_rows.hpp) while the tile is in cache. Forward keeps only the output and each row's
-// log-sum-exp; backward recomputes the probabilities from them (FlashAttention's scheme).
+// inputs' dtype (with AVX-512 bf16's are ~3x faster than float32's, and the general path rounded
+// its scores to bf16 too; without, tile_product), the softmax of each row in float32 in two fused
+// passes (attention_rows.hpp) while the tile is in cache. Forward keeps only the output and each
+// row's log-sum-exp; backward recomputes the probabilities from them (FlashAttention's scheme).
 #include "kv/model/attention_rows.hpp"
+#include "kv/model/gemv.hpp"
 #include "kv/model/ops.hpp"
 
 #include <ATen/Parallel.h>
@@ -126,6 +127,15 @@ T* pointer(const torch::Tensor& tensor) {
     return static_cast<T*>(tensor.data_ptr());
 }
 
+// A tile's product in the inputs' dtype. bf16 ones go through float32 where libtorch has no bf16
+// kernel (widen_bf16_matmuls: without AVX-512 its own bf16 gemm is slower than float32 by far
+// and further from float64), rounded back to bf16 as oneDNN rounds its float32 sums.
+torch::Tensor tile_product(const torch::Tensor& a, const torch::Tensor& b) {
+    if (a.scalar_type() == torch::kBFloat16 && a.device().is_cpu() && widen_bf16_matmuls())
+        return torch::mm(a.to(torch::kFloat32), b.to(torch::kFloat32)).to(torch::kBFloat16);
+    return torch::mm(a, b);
+}
+
 template <typename T>
 void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                    const torch::Tensor& values, double scale, const Shapes& s,
@@ -140,7 +150,8 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
             const Tile tile(s, tasks[static_cast<std::size_t>(t)]);
             const torch::Tensor visible_keys = keys[tile.head].narrow(0, 0, tile.visible);
             // Scores, then probabilities in place: [rows, visible].
-            torch::Tensor scores = torch::mm(tile.queries_of(grouped[tile.head]), visible_keys.t());
+            torch::Tensor scores =
+                tile_product(tile.queries_of(grouped[tile.head]), visible_keys.t());
             T* row = pointer<T>(scores);
             float* lse = pointer<float>(log_sum_exp[tile.head]);
             for (int64_t r = 0; r < tile.rows; ++r, row += tile.visible)
@@ -148,7 +159,7 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                     row, row, tile.row_visible(r), tile.visible, static_cast<float>(scale));
             output[tile.head]
                 .narrow(1, tile.begin, tile.count)
-                .copy_(torch::mm(scores, values[tile.head].narrow(0, 0, tile.visible))
+                .copy_(tile_product(scores, values[tile.head].narrow(0, 0, tile.visible))
                            .view({s.group, tile.count, s.head_dim}));
         }
     });
@@ -181,8 +192,8 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                 const torch::Tensor d_out = tile.queries_of(d_output[head]);
                 // Recomputed probabilities and the scores' gradient, in place of the
                 // scores and of the probabilities' gradient.
-                torch::Tensor probabilities = torch::mm(queries, visible_keys.t());
-                torch::Tensor d_scores = torch::mm(d_out, visible_values.t());
+                torch::Tensor probabilities = tile_product(queries, visible_keys.t());
+                torch::Tensor d_scores = tile_product(d_out, visible_values.t());
                 T* p = pointer<T>(probabilities);
                 T* d = pointer<T>(d_scores);
                 const float* lse = pointer<float>(log_sum_exp[head]);
@@ -190,12 +201,12 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                     softmax_backward_row(p, d, lse[tile.lse_index(r, s.tokens)], p, d,
                                          tile.row_visible(r), tile.visible,
                                          static_cast<float>(scale));
-                d_v_slot.narrow(0, 0, tile.visible).add_(torch::mm(probabilities.t(), d_out));
+                d_v_slot.narrow(0, 0, tile.visible).add_(tile_product(probabilities.t(), d_out));
                 d_q[head]
                     .narrow(1, tile.begin, tile.count)
-                    .copy_(
-                        torch::mm(d_scores, visible_keys).view({s.group, tile.count, s.head_dim}));
-                d_k_slot.narrow(0, 0, tile.visible).add_(torch::mm(d_scores.t(), queries));
+                    .copy_(tile_product(d_scores, visible_keys)
+                               .view({s.group, tile.count, s.head_dim}));
+                d_k_slot.narrow(0, 0, tile.visible).add_(tile_product(d_scores.t(), queries));
             }
         }
     });
