@@ -642,6 +642,18 @@ void dot_block(const Weight* rows, const float* x, const uint16_t* x_bf16, float
     dot_rows(rows, x, y, count, columns);
 }
 
+// The vector kernels' last step of scale_and_max: the maximum of their lanes' maxima and of
+// scores[n, count), scaled in place one at a time.
+inline float scale_and_max_rest(const float* lanes, int width, float* scores, int64_t n,
+                                int64_t count, float scale) {
+    float result = lanes[0];
+    for (int lane = 1; lane < width; ++lane)
+        result = std::max(result, lanes[lane]);
+    for (; n < count; ++n)
+        result = std::max(result, scores[n] *= scale);
+    return result;
+}
+
 // softmax_scaled_in_place's first pass, scores[n] *= scale and their maximum, on vectors: the
 // products are the same, and the maximum does not depend on the order (a NaN is passed over, as
 // std::max(best, NaN) passes over it).
@@ -657,12 +669,7 @@ __attribute__((target("avx512f"))) float scale_and_max_avx512(float* scores, int
     }
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, best);
-    float result = lanes[0];
-    for (int lane = 1; lane < 16; ++lane)
-        result = std::max(result, lanes[lane]);
-    for (; n < count; ++n)
-        result = std::max(result, scores[n] *= scale);
-    return result;
+    return scale_and_max_rest(lanes, 16, scores, n, count, scale);
 }
 
 // expf's arithmetic on 16 lanes at a time (glibc 2.27 and later, sysdeps/ieee754/flt-32/e_expf.c:
@@ -682,11 +689,19 @@ alignas(64) constexpr uint64_t expf_table[32] = {
     0x3feee89f995ad3ad, 0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069,
     0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
 
+// expf's constants: 32 / ln 2, the shift that rounds to an integer in the low bits, and the
+// cubic's coefficients scaled to r = x * 32 / ln 2 - k.
+constexpr double expf_steps = 32;
+constexpr double expf_to_steps = 0x1.71547652b82fep+0 * expf_steps;
+constexpr double expf_round_shift = 0x1.8p+52;
+constexpr double expf_c0 = 0x1.c6af84b912394p-5 / expf_steps / expf_steps / expf_steps;
+constexpr double expf_c1 = 0x1.ebfce50fac4f3p-3 / expf_steps / expf_steps;
+constexpr double expf_c2 = 0x1.62e42ff0c52d6p-1 / expf_steps;
+
 __attribute__((target("avx512f"))) inline __m256 expf8_avx512(__m256 x) {
-    constexpr double n = 32;
-    const __m512d shift = _mm512_set1_pd(0x1.8p+52);
+    const __m512d shift = _mm512_set1_pd(expf_round_shift);
     const __m512d xd = _mm512_cvtps_pd(x);
-    const __m512d z = _mm512_mul_pd(_mm512_set1_pd(0x1.71547652b82fep+0 * n), xd);
+    const __m512d z = _mm512_mul_pd(_mm512_set1_pd(expf_to_steps), xd);
     __m512d kd = _mm512_add_pd(z, shift);  // z rounded to an integer, in the low bits
     const __m512i ki = _mm512_castpd_si512(kd);
     kd = _mm512_sub_pd(kd, shift);
@@ -701,9 +716,9 @@ __attribute__((target("avx512f"))) inline __m256 expf8_avx512(__m256 x) {
         _mm512_mask_blend_epi64(_mm512_test_epi64_mask(index, _mm512_set1_epi64(16)), low, high);
     t = _mm512_add_epi64(t, _mm512_slli_epi64(ki, 52 - 5));
     const __m512d s = _mm512_castsi512_pd(t);
-    const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-5 / n / n / n);
-    const __m512d c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-3 / n / n);
-    const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-1 / n);
+    const __m512d c0 = _mm512_set1_pd(expf_c0);
+    const __m512d c1 = _mm512_set1_pd(expf_c1);
+    const __m512d c2 = _mm512_set1_pd(expf_c2);
     const __m512d cubic = _mm512_fmadd_pd(c0, r, c1);
     const __m512d r2 = _mm512_mul_pd(r, r);
     __m512d y = _mm512_fmadd_pd(c2, r, _mm512_set1_pd(1.0));
@@ -713,10 +728,9 @@ __attribute__((target("avx512f"))) inline __m256 expf8_avx512(__m256 x) {
 
 // expf8_avx512 on 4 lanes of AVX2: the same double arithmetic, the table read by a gather.
 __attribute__((target("avx2,fma"))) inline __m128 expf4_avx2(__m128 x) {
-    constexpr double n = 32;
-    const __m256d shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d shift = _mm256_set1_pd(expf_round_shift);
     const __m256d xd = _mm256_cvtps_pd(x);
-    const __m256d z = _mm256_mul_pd(_mm256_set1_pd(0x1.71547652b82fep+0 * n), xd);
+    const __m256d z = _mm256_mul_pd(_mm256_set1_pd(expf_to_steps), xd);
     __m256d kd = _mm256_add_pd(z, shift);  // z rounded to an integer, in the low bits
     const __m256i ki = _mm256_castpd_si256(kd);
     kd = _mm256_sub_pd(kd, shift);
@@ -725,9 +739,9 @@ __attribute__((target("avx2,fma"))) inline __m128 expf4_avx2(__m128 x) {
     __m256i t = _mm256_i64gather_epi64(reinterpret_cast<const long long*>(expf_table), index, 8);
     t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 52 - 5));
     const __m256d s = _mm256_castsi256_pd(t);
-    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / n / n / n);
-    const __m256d c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / n / n);
-    const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / n);
+    const __m256d c0 = _mm256_set1_pd(expf_c0);
+    const __m256d c1 = _mm256_set1_pd(expf_c1);
+    const __m256d c2 = _mm256_set1_pd(expf_c2);
     const __m256d cubic = _mm256_fmadd_pd(c0, r, c1);
     const __m256d r2 = _mm256_mul_pd(r, r);
     __m256d y = _mm256_fmadd_pd(c2, r, _mm256_set1_pd(1.0));
@@ -773,12 +787,7 @@ __attribute__((target("avx2,fma"))) float scale_and_max_avx2(float* scores, int6
     }
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, best);
-    float result = lanes[0];
-    for (int lane = 1; lane < 8; ++lane)
-        result = std::max(result, lanes[lane]);
-    for (; n < count; ++n)
-        result = std::max(result, scores[n] *= scale);
-    return result;
+    return scale_and_max_rest(lanes, 8, scores, n, count, scale);
 }
 
 // x[n] *= factor on AVX2 vectors.
