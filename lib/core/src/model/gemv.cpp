@@ -479,6 +479,11 @@ void gemv_widened(const Weight* weights, const float* x, float* y, int64_t rows,
 // kernels sum differently) fall on the same keys as in one call over all the keys.
 constexpr int64_t attend_block = 256;
 static_assert(attend_block % 4 == 0);
+// On AVX2 the blocks are widened to float32 and every row reads them again from where they are:
+// 256 keys were 64 KiB, out of L1 (the weighted sums waited on L2). 64 keys (16 KiB) stay in L1;
+// the AVX2 kernels give each row the same bits in blocks of any even size.
+constexpr int64_t attend_block_avx2 = 64;
+static_assert(attend_block_avx2 % 2 == 0 && attend_block_avx2 <= attend_block);
 // Scores held at once (16 MiB of float32): more rows than fit go in further passes over the keys.
 constexpr int64_t attend_score_floats = int64_t{4} << 20;
 
@@ -948,10 +953,11 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
     const bool avx2 = isa == Isa::avx2 && columns % 8 == 0;
     const bool widen = avx2 && std::is_same_v<Weight, uint16_t> && rows > 1;
     float* wide = widen ? kernel_scratch<AttendWideBlock>(attend_block * columns) : nullptr;
+    const int64_t block_keys = avx2 ? attend_block_avx2 : attend_block;
     auto score_block_avx2 = [&](const auto* block, int64_t begin, int64_t end) {
         int64_t r = 0;
         for (; r + 4 <= rows; r += 4) {
-            int64_t common = attend_block;
+            int64_t common = block_keys;
             for (int64_t g = 0; g < 4; ++g)
                 common = std::min(common, in_block(r + g, begin, end));
             common &= ~int64_t{1};
@@ -968,8 +974,8 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
                 dot_rows(block, queries + (first + r) * columns, scores + r * stride + begin, n,
                          columns);
     };
-    for (int64_t begin = 0; begin < span; begin += attend_block) {
-        const int64_t end = std::min(span, begin + attend_block);
+    for (int64_t begin = 0; begin < span; begin += block_keys) {
+        const int64_t end = std::min(span, begin + block_keys);
         if (avx2) {
             if constexpr (std::is_same_v<Weight, uint16_t>)
                 if (widen && rows > 4) {
@@ -1020,8 +1026,8 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
     const bool grouped = (isa == Isa::avx512 || isa == Isa::avx512_bf16) && columns % 16 == 0 &&
                          (vectors == 1 || vectors == 2 || vectors == 4 || vectors == 8);
     const int64_t group = grouped ? 16 / vectors : 1;
-    for (int64_t begin = 0; begin < span; begin += attend_block) {
-        const int64_t end = std::min(span, begin + attend_block);
+    for (int64_t begin = 0; begin < span; begin += block_keys) {
+        const int64_t end = std::min(span, begin + block_keys);
         const Weight* block = values + begin * columns;
         int64_t r = 0;
         for (int64_t take = group; grouped && r < rows; r += take) {
@@ -1178,20 +1184,64 @@ namespace {
 
 struct FewTokensBlock {};  // kernel_scratch tag
 
+// rows_avx2 for two tokens at once: rows [begin, end) of float32 weights times x0 into y0 and
+// times x1 into y1, each row's load shared by the two tokens (one token at a time, 5 loads for
+// every 4 fmas, waited on L2). Each (row, token) is rows_avx2's chain of fmas and reduction: the
+// same bits.
+__attribute__((target("avx2,fma"))) void rows_two_tokens_avx2(const float* weights, const float* x0,
+                                                              const float* x1, float* y0, float* y1,
+                                                              int64_t begin, int64_t end,
+                                                              int64_t columns) {
+    const int64_t vector_columns = columns & ~int64_t{7};
+    const int64_t tail = columns - vector_columns;
+    int64_t n = begin;
+    for (; n + 4 <= end; n += 4) {
+        const float* row = weights + n * columns;
+        __m256 acc[8];  // [row * 2 + token]
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j)
+            acc[j] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < vector_columns; k += 8) {
+            const __m256 first = _mm256_loadu_ps(x0 + k), second = _mm256_loadu_ps(x1 + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; ++r) {
+                const __m256 w = _mm256_loadu_ps(row + r * columns + k);
+                acc[r * 2] = _mm256_fmadd_ps(w, first, acc[r * 2]);
+                acc[r * 2 + 1] = _mm256_fmadd_ps(w, second, acc[r * 2 + 1]);
+            }
+        }
+        alignas(32) float sums[8];
+        _mm256_store_ps(sums, sums8_as_reduce_avx2(acc));
+        for (int r = 0; r < 4; ++r) {
+            const float* rest = row + r * columns + vector_columns;
+            y0[n + r] = sums[r * 2] + dot_portable(rest, x0 + vector_columns, tail);
+            y1[n + r] = sums[r * 2 + 1] + dot_portable(rest, x1 + vector_columns, tail);
+        }
+    }
+    rows_avx2(weights, x0, y0, n, end, columns);
+    rows_avx2(weights, x1, y1, n, end, columns);
+}
+
 // gemm_few_bf16 where gemv_bf16 widens the weights (AVX-512 without its bf16 instructions,
 // AVX2): each block of weight rows (~128 KiB as float32, kept in L2) is widened once, then every
 // token goes over it with the rows kernel gemv_bf16 uses, which gives float32 rows of the widened
-// values the bits it gives the bf16 ones.
+// values the bits it gives the bf16 ones (on AVX2, tokens two at a time by its twin).
 template <typename Rows>
 void gemm_few_widened(const uint16_t* weights, const float* x, float* y, int64_t tokens,
                       int64_t rows, int64_t columns, Rows kernel) {
     const int64_t block = std::max<int64_t>(4, ((int64_t{1} << 17) / (columns * 4)) & ~int64_t{3});
+    const bool pairs = isa == Isa::avx2;
     at::parallel_for(0, (rows + block - 1) / block, 1, [&](int64_t first, int64_t last) {
         float* wide = kernel_scratch<FewTokensBlock>(block * columns);
         for (int64_t b = first; b < last; ++b) {
             const int64_t begin = b * block, end = std::min(rows, begin + block);
             widen_bf16(weights + begin * columns, wide, (end - begin) * columns);
-            for (int64_t t = 0; t < tokens; ++t)
+            int64_t t = 0;
+            for (; pairs && t + 2 <= tokens; t += 2)
+                rows_two_tokens_avx2(wide, x + t * columns, x + (t + 1) * columns,
+                                     y + t * rows + begin, y + (t + 1) * rows + begin, 0,
+                                     end - begin, columns);
+            for (; t < tokens; ++t)
                 kernel(wide, x + t * columns, y + t * rows + begin, 0, end - begin, columns);
         }
     });
