@@ -7,9 +7,10 @@
 // the matrix products ~6%. Here each task takes one kv head and a block of queries with its whole
 // query group: the products of the keys the block may see (a prefix: causal by index) run in the
 // inputs' dtype (with AVX-512 bf16's are ~3x faster than float32's, and the general path rounded
-// its scores to bf16 too; without, tile_product), the softmax of each row in float32 in two fused
-// passes (attention_rows.hpp) while the tile is in cache. Forward keeps only the output and each
-// row's log-sum-exp; backward recomputes the probabilities from them (FlashAttention's scheme).
+// its scores to bf16 too; without, through float32: product_in_dtype), the softmax of each row in
+// float32 in two fused passes (attention_rows.hpp) while the tile is in cache. Forward keeps only
+// the output and each row's log-sum-exp; backward recomputes the probabilities from them
+// (FlashAttention's scheme).
 #include "kv/model/attention_rows.hpp"
 #include "kv/model/gemv.hpp"
 #include "kv/model/ops.hpp"
@@ -127,15 +128,6 @@ T* pointer(const torch::Tensor& tensor) {
     return static_cast<T*>(tensor.data_ptr());
 }
 
-// A tile's product in the inputs' dtype. bf16 ones go through float32 where libtorch has no bf16
-// kernel (widen_bf16_matmuls: without AVX-512 its own bf16 gemm is slower than float32 by far
-// and further from float64), rounded back to bf16 as oneDNN rounds its float32 sums.
-torch::Tensor tile_product(const torch::Tensor& a, const torch::Tensor& b) {
-    if (a.scalar_type() == torch::kBFloat16 && a.device().is_cpu() && widen_bf16_matmuls())
-        return torch::mm(a.to(torch::kFloat32), b.to(torch::kFloat32)).to(torch::kBFloat16);
-    return torch::mm(a, b);
-}
-
 template <typename T>
 void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                    const torch::Tensor& values, double scale, const Shapes& s,
@@ -151,7 +143,7 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
             const torch::Tensor visible_keys = keys[tile.head].narrow(0, 0, tile.visible);
             // Scores, then probabilities in place: [rows, visible].
             torch::Tensor scores =
-                tile_product(tile.queries_of(grouped[tile.head]), visible_keys.t());
+                product_in_dtype(tile.queries_of(grouped[tile.head]), visible_keys.t());
             T* row = pointer<T>(scores);
             float* lse = pointer<float>(log_sum_exp[tile.head]);
             for (int64_t r = 0; r < tile.rows; ++r, row += tile.visible)
@@ -159,7 +151,7 @@ void forward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                     row, row, tile.row_visible(r), tile.visible, static_cast<float>(scale));
             output[tile.head]
                 .narrow(1, tile.begin, tile.count)
-                .copy_(tile_product(scores, values[tile.head].narrow(0, 0, tile.visible))
+                .copy_(product_in_dtype(scores, values[tile.head].narrow(0, 0, tile.visible))
                            .view({s.group, tile.count, s.head_dim}));
         }
     });
@@ -192,8 +184,8 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                 const torch::Tensor d_out = tile.queries_of(d_output[head]);
                 // Recomputed probabilities and the scores' gradient, in place of the
                 // scores and of the probabilities' gradient.
-                torch::Tensor probabilities = tile_product(queries, visible_keys.t());
-                torch::Tensor d_scores = tile_product(d_out, visible_values.t());
+                torch::Tensor probabilities = product_in_dtype(queries, visible_keys.t());
+                torch::Tensor d_scores = product_in_dtype(d_out, visible_values.t());
                 T* p = pointer<T>(probabilities);
                 T* d = pointer<T>(d_scores);
                 const float* lse = pointer<float>(log_sum_exp[head]);
@@ -201,12 +193,13 @@ void backward_tiles(const torch::Tensor& grouped, const torch::Tensor& keys,
                     softmax_backward_row(p, d, lse[tile.lse_index(r, s.tokens)], p, d,
                                          tile.row_visible(r), tile.visible,
                                          static_cast<float>(scale));
-                d_v_slot.narrow(0, 0, tile.visible).add_(tile_product(probabilities.t(), d_out));
+                d_v_slot.narrow(0, 0, tile.visible)
+                    .add_(product_in_dtype(probabilities.t(), d_out));
                 d_q[head]
                     .narrow(1, tile.begin, tile.count)
-                    .copy_(tile_product(d_scores, visible_keys)
+                    .copy_(product_in_dtype(d_scores, visible_keys)
                                .view({s.group, tile.count, s.head_dim}));
-                d_k_slot.narrow(0, 0, tile.visible).add_(tile_product(d_scores.t(), queries));
+                d_k_slot.narrow(0, 0, tile.visible).add_(product_in_dtype(d_scores.t(), queries));
             }
         }
     });

@@ -264,6 +264,28 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Weight* weights, const 
     }
 }
 
+// One of the accumulate kernels below over a block of V vectors of columns (V = 1..8): out[0, V
+// vectors) += sum_n weights[n] * rows[n * stride, ...).
+template <typename Weight>
+using AccumulateBlock = void (*)(const Weight*, const float*, float*, int64_t, int64_t);
+
+// out += sum_n weights[n] * rows[n]: the columns in blocks of up to 8 vectors of `Lanes`, each
+// through kernels[vectors - 1], then the columns past the last whole vector one at a time.
+template <typename Weight, int Lanes>
+void accumulate_in_blocks(const Weight* rows, const float* weights, float* out, int64_t count,
+                          int64_t columns, const AccumulateBlock<Weight> (&kernels)[8]) {
+    const int64_t vector_columns = columns & ~int64_t{Lanes - 1};
+    for (int64_t d = 0; d < vector_columns; d += 8 * Lanes)
+        kernels[std::min<int64_t>(8, (vector_columns - d) / Lanes) - 1](rows + d, weights, out + d,
+                                                                        count, columns);
+    if (vector_columns < columns)
+        for (int64_t n = 0; n < count; ++n) {
+            const Weight* row = rows + n * columns;
+            for (int64_t d = vector_columns; d < columns; ++d)
+                out[d] += weights[n] * as_float(row[d]);
+        }
+}
+
 // accumulate_avx512 over columns [0, 16 * V) of rows `stride` apart: the outputs stay in
 // registers across the rows.
 template <typename Weight, int V>
@@ -292,27 +314,14 @@ __attribute__((target("avx512f,avx512bw"))) void accumulate_block_avx512(const W
 // the previous row's store to come back (one decoding step of the demo model spent a third of
 // its attention there).
 template <typename Weight>
-__attribute__((target("avx512f,avx512bw"))) void accumulate_avx512(const Weight* rows,
-                                                                   const float* weights, float* out,
-                                                                   int64_t count, int64_t columns) {
-    using Kernel = void (*)(const Weight*, const float*, float*, int64_t, int64_t);
-    static constexpr Kernel kernels[8] = {
+void accumulate_avx512(const Weight* rows, const float* weights, float* out, int64_t count,
+                       int64_t columns) {
+    static constexpr AccumulateBlock<Weight> kernels[8] = {
         accumulate_block_avx512<Weight, 1>, accumulate_block_avx512<Weight, 2>,
         accumulate_block_avx512<Weight, 3>, accumulate_block_avx512<Weight, 4>,
         accumulate_block_avx512<Weight, 5>, accumulate_block_avx512<Weight, 6>,
         accumulate_block_avx512<Weight, 7>, accumulate_block_avx512<Weight, 8>};
-    const int64_t vector_columns = columns & ~int64_t{15};
-    for (int64_t d = 0; d < vector_columns; d += 128) {
-        const Weight* block = rows + d;
-        kernels[std::min<int64_t>(8, (vector_columns - d) / 16) - 1](block, weights, out + d, count,
-                                                                     columns);
-    }
-    if (vector_columns < columns)
-        for (int64_t n = 0; n < count; ++n) {
-            const Weight* row = rows + n * columns;
-            for (int64_t d = vector_columns; d < columns; ++d)
-                out[d] += weights[n] * as_float(row[d]);
-        }
+    accumulate_in_blocks<Weight, 16>(rows, weights, out, count, columns, kernels);
 }
 
 // accumulate_avx2 over columns [0, 8 * V) of rows `stride` apart: the outputs stay in registers
@@ -340,25 +349,14 @@ __attribute__((target("avx2,fma"))) void accumulate_block_avx2(const Weight* row
 // a time kept in registers across all the rows (accumulate_avx512's plan, the same bits as
 // through memory, where each row's fma waited for the previous row's store).
 template <typename Weight>
-__attribute__((target("avx2,fma"))) void accumulate_avx2(const Weight* rows, const float* weights,
-                                                         float* out, int64_t count,
-                                                         int64_t columns) {
-    using Kernel = void (*)(const Weight*, const float*, float*, int64_t, int64_t);
-    static constexpr Kernel kernels[8] = {
+void accumulate_avx2(const Weight* rows, const float* weights, float* out, int64_t count,
+                     int64_t columns) {
+    static constexpr AccumulateBlock<Weight> kernels[8] = {
         accumulate_block_avx2<Weight, 1>, accumulate_block_avx2<Weight, 2>,
         accumulate_block_avx2<Weight, 3>, accumulate_block_avx2<Weight, 4>,
         accumulate_block_avx2<Weight, 5>, accumulate_block_avx2<Weight, 6>,
         accumulate_block_avx2<Weight, 7>, accumulate_block_avx2<Weight, 8>};
-    const int64_t vector_columns = columns & ~int64_t{7};
-    for (int64_t d = 0; d < vector_columns; d += 64)
-        kernels[std::min<int64_t>(8, (vector_columns - d) / 8) - 1](rows + d, weights, out + d,
-                                                                    count, columns);
-    if (vector_columns < columns)
-        for (int64_t n = 0; n < count; ++n) {
-            const Weight* row = rows + n * columns;
-            for (int64_t d = vector_columns; d < columns; ++d)
-                out[d] += weights[n] * as_float(row[d]);
-        }
+    accumulate_in_blocks<Weight, 8>(rows, weights, out, count, columns, kernels);
 }
 
 template <typename Weight>

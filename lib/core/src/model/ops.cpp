@@ -246,15 +246,16 @@ torch::Tensor widened_matmul(const torch::Tensor& x, const torch::Tensor& weight
     return output.to(x.scalar_type());
 }
 
-// A batched product in the inputs' dtype; bf16 ones through float32 where libtorch has no bf16
-// kernel (widen_bf16_matmuls), rounded back to bf16 as oneDNN rounds its float32 sums.
-torch::Tensor batched_product(const torch::Tensor& a, const torch::Tensor& b) {
-    if (a.scalar_type() == torch::kBFloat16 && a.device().is_cpu() && widen_bf16_matmuls())
-        return torch::bmm(a.to(torch::kFloat32), b.to(torch::kFloat32)).to(torch::kBFloat16);
-    return torch::bmm(a, b);
-}
-
 }  // namespace
+
+torch::Tensor product_in_dtype(const torch::Tensor& a, const torch::Tensor& b) {
+    const auto multiply = [&](const torch::Tensor& left, const torch::Tensor& right) {
+        return a.dim() == 2 ? torch::mm(left, right) : torch::bmm(left, right);
+    };
+    if (a.scalar_type() == torch::kBFloat16 && a.device().is_cpu() && widen_bf16_matmuls())
+        return multiply(a.to(torch::kFloat32), b.to(torch::kFloat32)).to(torch::kBFloat16);
+    return multiply(a, b);
+}
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      bool after_context) {
@@ -661,7 +662,8 @@ torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, con
     const torch::Tensor grouped_q = q.reshape({kv_heads, group * tokens, head_dim});
     const torch::ScalarType score_type =
         q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-    torch::Tensor scores = batched_product(grouped_q, k.transpose(1, 2)).to(score_type).mul_(scale);
+    torch::Tensor scores =
+        product_in_dtype(grouped_q, k.transpose(1, 2)).to(score_type).mul_(scale);
     scores = scores.view({kv_heads, group, tokens, keys});
 
     const bool needs_causal_mask = tokens > 1 || mask.sliding_window > 0;
@@ -687,7 +689,7 @@ torch::Tensor attention_part(const torch::Tensor& q, const torch::Tensor& k, con
     // A row with no visible key is all -inf and softmaxes to NaN; it attends to nothing instead.
     if (allowed.defined()) probabilities = probabilities.masked_fill(allowed.logical_not(), 0.0);
     probabilities = probabilities.view({kv_heads, group * tokens, keys}).to(v.scalar_type());
-    return batched_product(probabilities, v).view({query_heads, tokens, head_dim});
+    return product_in_dtype(probabilities, v).view({query_heads, tokens, head_dim});
 }
 
 }  // namespace

@@ -20,6 +20,12 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 /// libtorch's operations.
 bool rms_norm_in_one_loop(int64_t width);
 
+/// a b for matrices (mm) or batches of them (bmm), in the inputs' dtype: bf16 ones through
+/// float32 on a CPU where libtorch has no bf16 kernel (widen_bf16_matmuls: without AVX-512 its
+/// own bf16 gemm is slower than float32 by far and further from float64), rounded back to bf16
+/// as oneDNN rounds its float32 sums.
+torch::Tensor product_in_dtype(const torch::Tensor& a, const torch::Tensor& b);
+
 /// x W^T (+ bias). One-row inputs on CPU (decoding) use kv's gemv kernels, which stream f32
 /// weights faster than libtorch's `mv` and bf16 weights ~10x faster than libtorch's bf16 path.
 /// With `after_context` (a question after a cached context), 2 to 64 rows through bf16 weights
