@@ -222,8 +222,10 @@ void Session::assemble_packets() {
         cache_->clear();
         cache_->reserve(planned);
     } else {
+        const auto allocate_start = Clock::now();
         cache_.emplace(model_.new_cache(planned));
         if (!options_.caches.empty()) cache_->fault_in();
+        stats_.cache_allocate_seconds = seconds_since(allocate_start);
     }
     if (kept_) kept_->cache.reset();  // one not reused goes
     KvCache& cache = *cache_;
@@ -582,6 +584,7 @@ json::Value stats_to_json(const ServeStats& stats) {
     result.set("cache_load_seconds", stats.cache_load_seconds);
     result.set("startup_seconds", stats.startup_seconds);
     result.set("cache_open_seconds", stats.cache_open_seconds);
+    result.set("cache_allocate_seconds", stats.cache_allocate_seconds);
     result.set("realign_seconds", stats.realign_seconds);
     result.set("index_restore_seconds", stats.index_restore_seconds);
     result.set("recompute_seconds", stats.recompute_seconds);
