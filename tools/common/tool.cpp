@@ -5,16 +5,17 @@
 
 #include <memory>
 
+#include "kv/cpu_kernels.hpp"
 #include "kv/error.hpp"
 #include "kv/json.hpp"
 
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <charconv>
-#include <cmath>
 #include <ctime>
 #include <iostream>
 #include <map>
@@ -62,9 +63,10 @@ std::string with_thousands(int64_t value) {
 }
 
 std::string whole_range_text(int64_t min, int64_t max, const std::string& note) {
-    const std::string range = max == INT64_MAX ? "a whole number, " + with_thousands(min) + " or more"
-                                               : "a whole number from " + with_thousands(min) +
-                                                     " to " + with_thousands(max);
+    const std::string range =
+        max == INT64_MAX
+            ? "a whole number, " + with_thousands(min) + " or more"
+            : "a whole number from " + with_thousands(min) + " to " + with_thousands(max);
     return range + (note.empty() ? "" : " (" + note + ")");
 }
 
@@ -74,8 +76,8 @@ std::string whole_problem(const std::string& text, int64_t min, int64_t max,
     int64_t value = 0;
     const char* end = text.data() + text.size();
     const auto [stop, error] = std::from_chars(text.data(), end, value);
-    const bool digits_only = !text.empty() && stop == end &&
-                             text.find_first_not_of("-0123456789") == std::string::npos;
+    const bool digits_only =
+        !text.empty() && stop == end && text.find_first_not_of("-0123456789") == std::string::npos;
     if (!digits_only && error != std::errc::result_out_of_range)
         return kv::quoted(text) + " is not a whole number: give " +
                whole_range_text(min, max, note);
@@ -93,11 +95,11 @@ std::string real_text(double value) {
 
 std::string real_problem(const std::string& text, double min, double max, bool below_max,
                          const std::string& note) {
-    const std::string range = (std::isinf(max) ? "a number, " + real_text(min) + " or more"
-                                               : "a number from " + real_text(min) +
-                                                     (below_max ? " to just under " : " to ") +
-                                                     real_text(max)) +
-                              (note.empty() ? "" : " (" + note + ")");
+    const std::string range =
+        (std::isinf(max) ? "a number, " + real_text(min) + " or more"
+                         : "a number from " + real_text(min) +
+                               (below_max ? " to just under " : " to ") + real_text(max)) +
+        (note.empty() ? "" : " (" + note + ")");
     char* end = nullptr;
     errno = 0;
     const double value = text.empty() ? 0 : std::strtod(text.c_str(), &end);
@@ -112,11 +114,11 @@ std::string real_problem(const std::string& text, double min, double max, bool b
 }  // namespace
 
 CLI::Validator whole_number(int64_t min, int64_t max, const std::string& note) {
-    const std::string description = max == INT64_MAX ? (min == 0   ? "NONNEGATIVE"
-                                                        : min == 1 ? "POSITIVE"
-                                                                   : ">= " + std::to_string(min))
-                                                     : "INT in [" + std::to_string(min) + " - " +
-                                                           std::to_string(max) + "]";
+    const std::string description =
+        max == INT64_MAX ? (min == 0   ? "NONNEGATIVE"
+                            : min == 1 ? "POSITIVE"
+                                       : ">= " + std::to_string(min))
+                         : "INT in [" + std::to_string(min) + " - " + std::to_string(max) + "]";
     return CLI::Validator(
         [min, max, note](std::string& text) { return whole_problem(text, min, max, note); },
         description);
@@ -209,9 +211,8 @@ void environment_default(CLI::App& app, CLI::Option* option, const char* variabl
         if (option->count() > 0 || value == nullptr || *value == '\0') return;
         const std::string why = problem(value);
         if (!why.empty())
-            throw CLI::ValidationError(std::string(variable) + " (the default of " +
-                                           option->get_name() + ")",
-                                       why);
+            throw CLI::ValidationError(
+                std::string(variable) + " (the default of " + option->get_name() + ")", why);
         assign(value);
     });
 }
@@ -401,8 +402,8 @@ Provenance provenance(const std::string& tool, int argc, char** argv) {
         long long pinned = -1;
         if (epoch && *epoch) {
             const std::string text = epoch;
-            const bool digits = text.size() <= 12 && text.find_first_not_of("0123456789") ==
-                                                         std::string::npos;
+            const bool digits =
+                text.size() <= 12 && text.find_first_not_of("0123456789") == std::string::npos;
             if (digits) pinned = std::stoll(text);
             if (!digits || pinned > latest)
                 throw UsageError("SOURCE_DATE_EPOCH must be a whole number of seconds from 0 to " +
@@ -434,7 +435,10 @@ int run_tool(const std::string& name, const std::string& description, int argc, 
     // removes its temporary file, instead of dying with nothing said.
     std::signal(SIGXFSZ, SIG_IGN);
     CLI::App app(description, name);
-    app.set_version_flag("--version", name + " (kvtools) " KV_VERSION);
+    // The kernels' instruction set: the same build computes differently on another CPU (and the
+    // CLI tests choose their per-CPU expectations by it).
+    app.set_version_flag("--version",
+                         name + " (kvtools) " KV_VERSION "\nkernels: " + isa_name(detect_isa()));
     app.get_formatter()->column_width(34);
     try {
         configure(app);

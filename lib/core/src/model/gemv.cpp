@@ -1336,17 +1336,7 @@ bool widen_bf16_matmuls() {
 }
 
 const char* gemv_isa() {
-    switch (isa) {
-        case Isa::avx512_bf16:
-            return "avx512-bf16";
-        case Isa::avx512:
-            return "avx512";
-        case Isa::avx2:
-            return "avx2";
-        case Isa::portable:
-            return "portable";
-    }
-    return "portable";
+    return isa_name(isa);
 }
 
 void attend_rows(StoredRows keys, StoredRows values, const float* queries, int64_t count,
