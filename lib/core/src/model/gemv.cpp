@@ -2,6 +2,7 @@
 
 #include "isa.hpp"
 #include "kernel_scratch.hpp"
+#include "kv/avx2_lanes.hpp"
 #include "kv/float_convert.hpp"
 
 #include <ATen/Parallel.h>
@@ -212,14 +213,7 @@ __attribute__((target("avx512f,avx512bw"))) void many_rows_avx512(const Weight* 
 }
 
 // 8 values of a row as float32 (load16's AVX2 twin): bf16 widened exactly, float32 as they are.
-template <typename Weight>
-__attribute__((target("avx2,fma"))) inline __m256 load8(const Weight* p) {
-    if constexpr (std::is_same_v<Weight, uint16_t>)
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-    else
-        return _mm256_loadu_ps(p);
-}
+using avx2::load8;
 
 __attribute__((target("avx2,fma"))) float reduce_avx2(__m256 v) {
     const __m128 sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -950,8 +944,8 @@ void attend_row_chunk(const Weight* keys, const Weight* values, const float* que
     // rows read by more than one group of rows widened once for all of them.
     const bool avx2 = isa == Isa::avx2 && columns % 8 == 0;
     const bool widen = avx2 && std::is_same_v<Weight, uint16_t> && rows > 1;
-    float* wide = widen ? kernel_scratch<AttendWideBlock>(attend_block * columns) : nullptr;
     const int64_t block_keys = avx2 ? attend_block_avx2 : attend_block;
+    float* wide = widen ? kernel_scratch<AttendWideBlock>(block_keys * columns) : nullptr;
     auto score_block_avx2 = [&](const auto* block, int64_t begin, int64_t end) {
         int64_t r = 0;
         for (; r + 4 <= rows; r += 4) {
